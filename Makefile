@@ -1,0 +1,25 @@
+# The two commands a newcomer needs (both create .venv first if it is missing):
+#   make study   set up, then run the local scaling study on the embedded default
+#   make test    set up, then run the test suite
+PY := .venv/bin/python
+
+.PHONY: setup study test test-fast models slurm clean
+
+setup:
+	bash scripts/setup.sh
+
+study: setup
+	$(PY) workflows/scaling_study.py
+
+test: setup
+	bash scripts/install_slurm.sh
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+models: setup
+	bash scripts/models.sh qwen2.5-coder-0.5b
+
+clean:
+	rm -rf runs results.duckdb report

@@ -1,0 +1,364 @@
+"""ContextBuilder: turns the run's static facts, the window that just closed and the last
+decisions (with their measured outcomes) into chat messages for the decision maker.
+
+Message layout (the static part first so llama.cpp reuses its KV cache from call to call):
+  system     static context: run facts, metric definitions, actions, rules of thumb, answer format
+  user/asst  in-context examples (variant `default`: from this run's own judged history, topped
+             up with canned ones; `few-shot`: canned only)
+  user       recent decisions with outcomes + the current window
+
+Prompt variants (scored by `rudder agent eval`):
+  zero-shot     decision first in the JSON (reason last), no examples
+  reason-first  reason first, no examples
+  few-shot      reason first + canned examples
+  default       reason first + examples from the run's own history when available, else canned
+  signals       default + one line naming the signals (trend, stale share, lookahead share)
+
+Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
+and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, Iterable
+
+from rudder.agent.messages import (
+    BUDGET_SHARE,
+    Answer,
+    HistoryEntry,
+    answer_schema,
+    budget_rows,
+)
+from rudder.prefetch.policy import RunContext
+
+# A hit-rate change under 1 point, or a fetched-rows change under 2%, counts as "flat": the
+# window-to-window noise of shuffled minibatches is of that order.
+HIT_TOL = 0.01
+ROWS_TOL = 0.02
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    reason_first: bool
+    examples: str  # "none" | "canned" | "history"
+    signals: bool = False
+    max_examples: int = 4
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in [
+        Variant("zero-shot", reason_first=False, examples="none"),
+        Variant("reason-first", reason_first=True, examples="none"),
+        Variant("few-shot", reason_first=True, examples="canned"),
+        Variant("default", reason_first=True, examples="history"),
+        Variant("signals", reason_first=True, examples="history", signals=True),
+    ]
+}
+
+
+def get_variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown prompt variant {name!r}; valid: {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+@dataclass
+class Prompt:
+    messages: list[dict[str, str]]
+    schema: dict[str, Any]
+    hash: str  # identifies the prompt design (variant, templates, schema, canned examples)
+    variant: str
+
+
+def direction(delta: float | None, tol: float) -> str | None:
+    if delta is None:
+        return None
+    return "flat" if abs(delta) < tol else ("up" if delta > 0 else "down")
+
+
+def per_minibatch(window: dict, key: str) -> float | None:
+    v = window.get(key)
+    if v is None:
+        return None
+    return float(v) / max(1, int(window.get("minibatches") or 1))
+
+
+def as_context(ctx: RunContext | dict) -> RunContext:
+    """A RunContext from a RunContext or a dict (eval files); missing facts default to 0."""
+    if isinstance(ctx, RunContext):
+        return ctx
+    names = {f.name for f in fields(RunContext)}
+    base: dict[str, Any] = {n: 0 for n in names}
+    base.update(fanouts=[], run_dir=None, extra={})
+    base.update({k: v for k, v in ctx.items() if k in names})
+    return RunContext(**base)
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.0f}"
+
+
+SYSTEM_TEMPLATE = """\
+You steer the remote-feature buffer of one trainer in distributed GNN training (DistDGL).
+Every minibatch pulls the features of its remote input nodes over the network unless the buffer holds them.
+Run:
+- graph {num_nodes:,} nodes in {num_parts} partitions; this trainer: rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes)
+- halo (remote) nodes of the partition: {halo_nodes:,}; buffer capacity {capacity:,} rows ({cap_share} of halo)
+- minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs
+- a window is {window} minibatches; {lookahead_text}
+Metrics of a window:
+- hit_rate: remote input rows served by the buffer / all remote input rows (higher is better)
+- fetched rows: rows pulled over the network per minibatch = misses + rows admitted by replacements
+- stale slots: buffer slots not hit for a long time (eviction candidates)
+- lookahead missing: remote nodes of the coming minibatches that the buffer lacks
+Action: replace now or keep the buffer. A replacement swaps stale slots for nodes the coming minibatches need, at most: small {small:,} rows (1% of capacity), medium {medium:,} (5%), large {large:,} (15%).
+Rules of thumb:
+- A replacement costs its rows at once; it pays only if the new rows are hit later.
+- Replace when hit_rate is falling or low, many slots are stale and lookahead missing is large.
+- Keep when hit_rate is high or rising, or lookahead missing is small: replacing would only add traffic.
+- Minibatches are shuffled: past hits predict future hits poorly; the lookahead numbers are the best evidence.
+- After a useful replacement expect hit_rate up and fetched rows down; after keeping, expect flat.
+- If a past prediction failed, change course.
+Answer with one JSON object: {answer_text}."""
+
+ANSWER_REASON_FIRST = (
+    '{"reason": one short sentence, "replace": true|false, "budget": "small"|"medium"|"large", '
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}} '
+    "where remote_rows means fetched rows"
+)
+ANSWER_DECISION_FIRST = (
+    '{"replace": true|false, "budget": "small"|"medium"|"large", '
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, '
+    '"reason": one short sentence} where remote_rows means fetched rows'
+)
+
+# Canned examples: simple, unambiguous windows, in a non-alternating order (a small model
+# otherwise continues the alternation). Numbers are relative to a 10,000-row buffer and scaled
+# to the run's capacity when rendered.
+CANNED: list[dict[str, Any]] = [
+    {
+        "window": {"window": 4, "minibatches": 10, "hit_rate": 0.31, "remote_rows": 120000,
+                   "fetched_rows": 82800, "replaced_rows": 0, "stale_slots": 0.72,
+                   "buffer_fill": 1.0, "lookahead_missing": 0.9, "lookahead_rows": 0.15},
+        "recent": [0.45, 0.38],
+        "answer": {"reason": "hit rate is falling, most slots are stale and the next minibatches need many missing nodes",
+                   "replace": True, "budget": "large",
+                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
+    },
+    {
+        "window": {"window": 9, "minibatches": 10, "hit_rate": 0.64, "remote_rows": 120000,
+                   "fetched_rows": 43200, "replaced_rows": 0, "stale_slots": 0.08,
+                   "buffer_fill": 1.0, "lookahead_missing": 0.04, "lookahead_rows": 0.01},
+        "recent": [0.58, 0.61],
+        "answer": {"reason": "hit rate is high and rising and the buffer already holds what comes next",
+                   "replace": False, "budget": "small",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
+    {
+        "window": {"window": 12, "minibatches": 10, "hit_rate": 0.55, "remote_rows": 120000,
+                   "fetched_rows": 54000, "replaced_rows": 0.05, "stale_slots": 0.12,
+                   "buffer_fill": 1.0, "lookahead_missing": 0.03, "lookahead_rows": 0.01},
+        "recent": [0.55, 0.55],
+        "answer": {"reason": "hit rate is steady, few slots are stale and little is missing ahead",
+                   "replace": False, "budget": "small",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
+    {
+        "window": {"window": 20, "minibatches": 10, "hit_rate": 0.22, "remote_rows": 120000,
+                   "fetched_rows": 93600, "replaced_rows": 0, "stale_slots": 0.55,
+                   "buffer_fill": 1.0, "lookahead_missing": 0.6, "lookahead_rows": 0.05},
+        "recent": [0.30, 0.26],
+        "answer": {"reason": "hit rate is low and dropping while the coming minibatches miss many nodes",
+                   "replace": True, "budget": "medium",
+                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
+    },
+]
+
+
+def _scale_canned(w: dict, capacity: int) -> dict:
+    """Canned windows store slot counts as shares of capacity; make them rows of this run."""
+    cap = max(1, capacity)
+    out = dict(w)
+    for k in ("stale_slots", "lookahead_missing", "lookahead_rows", "replaced_rows"):
+        out[k] = int(round(w[k] * cap))
+    out["buffer_fill"] = int(round(w["buffer_fill"] * cap))
+    return out
+
+
+class ContextBuilder:
+    """Builds the prompt for one decision. Stateless apart from the run's static facts."""
+
+    def __init__(self, ctx: RunContext | dict, variant: str = "default", history: int = 4):
+        self.ctx = as_context(ctx)
+        self.variant = get_variant(variant)
+        self.history_k = history
+        self.schema = answer_schema(self.variant.reason_first)
+        self.system = self._system()
+        design = {
+            "variant": asdict(self.variant), "system": SYSTEM_TEMPLATE, "schema": self.schema,
+            "canned": CANNED if self.variant.examples != "none" else None,
+            "answer": ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST,
+        }
+        self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ---- static part --------------------------------------------------------------------
+    def _system(self) -> str:
+        c = self.ctx
+        la = (f"the next {c.lookahead} minibatches are already sampled (lookahead)"
+              if c.lookahead > 0 else "no minibatches are sampled ahead (lookahead off)")
+        return SYSTEM_TEMPLATE.format(
+            num_nodes=c.num_nodes, num_parts=c.num_parts, rank=c.rank, num_trainers=c.num_trainers,
+            part_id=c.part_id, partition_nodes=c.partition_nodes, halo_nodes=c.halo_nodes,
+            capacity=c.capacity, cap_share=_pct(c.capacity / c.halo_nodes, 0) if c.halo_nodes else "n/a",
+            batch_size=c.batch_size, fanouts=",".join(map(str, c.fanouts)) or "n/a",
+            steps_per_epoch=c.steps_per_epoch, epochs=c.epochs, window=c.window, lookahead_text=la,
+            small=budget_rows("small", c.capacity), medium=budget_rows("medium", c.capacity),
+            large=budget_rows("large", c.capacity),
+            answer_text=ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST,
+        )
+
+    # ---- dynamic part -------------------------------------------------------------------
+    def render_window(self, w: dict, recent: Iterable[float | dict] = ()) -> str:
+        """The window as a few lines; `recent`: earlier windows (dicts or hit rates), oldest first."""
+        c = self.ctx
+        cap = max(1, c.capacity)
+        prev = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
+        prev = [p for p in prev if p is not None]
+        hr = w.get("hit_rate")
+        total = c.steps_per_epoch * c.epochs
+        first, last = w.get("first_step"), w.get("last_step")
+        head = f"Window {w.get('window', '?')}"
+        if first is not None and last is not None:
+            head += f": minibatches {first}-{last}"
+            if total:
+                head += f" ({last + 1} of {total} done)"
+        lines = [head]
+        hr_line = f"hit_rate {_pct(hr)}"
+        if prev and hr is not None:
+            d = hr - prev[-1]
+            trend = {"up": "rising", "down": "falling", "flat": "steady"}[direction(d, HIT_TOL)]
+            hr_line += f", {trend} ({100 * d:+.1f} pt vs previous window)"
+            hr_line += "; earlier windows: " + ", ".join(_pct(p) for p in prev[-3:])
+        lines.append(hr_line)
+        fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
+        lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "
+                     f"rows admitted by replacements in this window {_num(w.get('replaced_rows'))}")
+        stale = w.get("stale_slots")
+        fill = w.get("buffer_fill")
+        fill_share = None if fill is None else (fill if fill <= 1 else fill / cap)
+        lines.append(f"stale slots {_num(stale)} of {cap:,} ({_pct(None if stale is None else stale / cap, 0)}); "
+                     f"buffer fill {_pct(fill_share, 0)}")
+        if c.lookahead > 0:
+            miss, rows = w.get("lookahead_missing"), w.get("lookahead_rows")
+            lines.append(
+                f"lookahead: the next {c.lookahead} minibatches need {_num(miss)} remote nodes not in the buffer "
+                f"({_pct(None if miss is None else miss / cap, 0)} of capacity); "
+                f"a replacement now would fetch {_num(rows)} rows")
+        if self.variant.signals:
+            lines.append("signals: " + self._signals(w, prev))
+        return "\n".join(lines)
+
+    def _signals(self, w: dict, prev: list[float]) -> str:
+        cap = max(1, self.ctx.capacity)
+        hr = w.get("hit_rate")
+        out = []
+        if hr is not None and prev:
+            out.append({"up": "hit rate rising", "down": "hit rate falling", "flat": "hit rate steady"}[
+                direction(hr - prev[-1], HIT_TOL)])
+        if w.get("stale_slots") is not None:
+            out.append(f"stale share {'high' if w['stale_slots'] / cap >= 0.3 else 'low'}")
+        if self.ctx.lookahead > 0 and w.get("lookahead_missing") is not None:
+            out.append(f"lookahead missing {'large' if w['lookahead_missing'] / cap >= 0.2 else 'small'}")
+        return ", ".join(out) or "none"
+
+    def render_history(self, history: list[HistoryEntry]) -> str:
+        if not history:
+            return "Recent decisions: none yet."
+        lines = ["Recent decisions (oldest first):"]
+        for h in history[-self.history_k:] if self.history_k else []:
+            if h.fallback:
+                lines.append(f"- #{h.decision} on window {h.window}: no valid answer, {h.fallback} applied")
+                continue
+            act = f"replace ({h.budget}, {h.rows} rows)" if h.replace else "keep"
+            s = (f"- #{h.decision} on window {h.window}: {act}; predicted hit_rate {h.expected_hit_rate}, "
+                 f"fetched rows {h.expected_remote_rows}")
+            if h.correct is None:
+                s += "; outcome pending"
+            else:
+                s += (f"; measured hit_rate {100 * (h.hit_delta or 0):+.1f} pt ({h.outcome_hit_rate}), "
+                      f"fetched rows {100 * (h.rows_delta or 0):+.0f}% ({h.outcome_remote_rows}); "
+                      f"prediction {'correct' if h.correct else 'wrong'}")
+            lines.append(s)
+        return "\n".join(lines)
+
+    def _examples(self, history: list[HistoryEntry]) -> list[tuple[str, dict]]:
+        v = self.variant
+        out: list[tuple[str, dict]] = []
+        if v.examples == "history":
+            for h in reversed(history):
+                if len(out) >= v.max_examples // 2:  # keep room for both canned classes
+                    break
+                ex = hindsight_example(h)
+                if ex is not None:
+                    out.append((self.render_window(h.judged or {}, ()), ex))
+        if v.examples in ("history", "canned"):
+            need = v.max_examples - len(out)
+            canned = [(self.render_window(_scale_canned(e["window"], self.ctx.capacity), e["recent"]), e["answer"])
+                      for e in CANNED]
+            out = canned[:need] + out
+        return out
+
+    def build(self, window: dict, history: list[HistoryEntry | dict] = (),
+              recent: Iterable[float | dict] = ()) -> Prompt:
+        hist = [h if isinstance(h, HistoryEntry) else HistoryEntry.model_validate(h) for h in history]
+        msgs = [{"role": "system", "content": self.system}]
+        for user, answer in self._examples(hist):
+            msgs.append({"role": "user", "content": user})
+            msgs.append({"role": "assistant", "content": json.dumps(_ordered(answer, self.variant.reason_first))})
+        user = self.render_history(hist) + "\n" + self.render_window(window, recent) + "\nReplace now?"
+        msgs.append({"role": "user", "content": user})
+        return Prompt(msgs, self.schema, self.hash, self.variant.name)
+
+
+def _ordered(answer: dict, reason_first: bool) -> dict:
+    Answer.model_validate(answer)  # canned and hindsight examples must themselves be valid
+    keys = ["reason", "replace", "budget", "expected"]
+    if not reason_first:
+        keys = keys[1:] + keys[:1]
+    return {k: answer[k] for k in keys}
+
+
+def hindsight_example(h: HistoryEntry) -> dict | None:
+    """The answer that was right in hindsight for a past judged window, or None when unclear.
+    replaced and hit rate went up -> replace was right; replaced and it did not -> keep;
+    kept and hit rate held or rose -> keep was right; kept and it fell -> unclear (skipped)."""
+    if h.fallback or h.correct is None or h.judged is None or h.outcome_hit_rate is None:
+        return None
+    if h.replace:
+        good = h.outcome_hit_rate == "up"
+        return {
+            "reason": "replacing raised the hit rate" if good else "a replacement here did not raise the hit rate",
+            "replace": good, "budget": (h.budget or "medium") if good else "small",
+            "expected": {"hit_rate": "up" if good else "flat",
+                         "remote_rows": h.outcome_remote_rows if good else "flat"},
+        }
+    if h.outcome_hit_rate == "down":
+        return None
+    return {"reason": "keeping the buffer held the hit rate", "replace": False, "budget": "small",
+            "expected": {"hit_rate": h.outcome_hit_rate, "remote_rows": h.outcome_remote_rows or "flat"}}
+
+
+def context_dict(ctx: RunContext) -> dict:
+    return asdict(ctx) if is_dataclass(ctx) else dict(ctx)
+
+
+__all__ = ["ContextBuilder", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
+           "ROWS_TOL", "BUDGET_SHARE", "hindsight_example", "per_minibatch", "as_context"]

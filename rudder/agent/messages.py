@@ -1,0 +1,128 @@
+"""Typed messages between the agent and the trainer (pydantic; every field described).
+
+Answer        what the model must emit (JSON, schema-constrained, validated; never parsed from text)
+Decision      one decision as recorded (DECISION_FIELDS of rudder.records), fallbacks included
+HistoryEntry  a past decision with its measured outcome, as shown to the model in later prompts
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rudder.records import DECISION_FIELDS
+
+Direction = Literal["up", "down", "flat"]
+Budget = Literal["small", "medium", "large"]
+
+# Share of buffer capacity one replacement may change, per budget word. 5% is the lookahead
+# policy's default per-round cap (PrefetchConfig.budget); 1% is a nudge that costs almost nothing;
+# 15% refreshes a sizeable part yet bounds what one wrong answer can flush out of the buffer.
+BUDGET_SHARE: dict[str, float] = {"small": 0.01, "medium": 0.05, "large": 0.15}
+
+# A short reason keeps latency and truncation risk low (the schema caps it; ~40 tokens).
+REASON_MAX_CHARS = 160
+
+
+def budget_rows(budget: str, capacity: int) -> int:
+    """Rows a budget word allows in one replacement round (at least one)."""
+    return max(1, int(round(BUDGET_SHARE[budget] * capacity)))
+
+
+class Expected(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hit_rate: Direction = Field(description="predicted change of the buffer hit rate next window")
+    remote_rows: Direction = Field(description="predicted change of rows fetched over the network")
+
+
+class Answer(BaseModel):
+    """The model's answer. The schema handed to llama.cpp is built from the same fields."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(max_length=REASON_MAX_CHARS, description="one short sentence")
+    replace: bool = Field(description="run a replacement round now")
+    budget: Budget = Field(description="how many rows the round may change")
+    expected: Expected
+
+
+def answer_schema(reason_first: bool = True) -> dict[str, Any]:
+    """JSON schema of Answer, properties in generation order (llama.cpp's grammar follows it).
+    reason_first lets the model write its reasoning before it commits to the decision."""
+    direction = {"type": "string", "enum": ["up", "down", "flat"]}
+    props: dict[str, Any] = {
+        "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
+        "replace": {"type": "boolean"},
+        "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
+        "expected": {
+            "type": "object",
+            "properties": {"hit_rate": direction, "remote_rows": direction},
+            "required": ["hit_rate", "remote_rows"],
+            "additionalProperties": False,
+        },
+    }
+    order = ["reason", "replace", "budget", "expected"]
+    if not reason_first:
+        order = ["replace", "budget", "expected", "reason"]
+    return {
+        "type": "object",
+        "properties": {k: props[k] for k in order},
+        "required": order,
+        "additionalProperties": False,
+    }
+
+
+class Decision(BaseModel):
+    """One decision, from the model or a fallback. `to_record()` gives exactly DECISION_FIELDS."""
+
+    decision: int = Field(0, description="sequence number within the trainer (agent#n)")
+    window: int | None = Field(None, description="id of the window the decision judged")
+    decided_step: int | None = Field(None, description="latest global step seen when the answer came")
+    applied_step: int | None = Field(None, description="global step whose plan() picked it up")
+    staleness: int | None = Field(None, description="applied_step - last step of the judged window")
+    policy: str = "agent"
+    model: str = ""
+    backend: str = ""
+    prompt_hash: str = ""
+    raw: str = Field("", description="the model's raw text (cut to 2000 chars)")
+    replace: bool = False
+    budget: Budget | None = None
+    expected_hit_rate: Direction | None = None
+    expected_remote_rows: Direction | None = None
+    reason: str = ""
+    latency_s: float | None = None
+    fallback: str | None = Field(None, description="policy that applied instead (bad/late answer)")
+    outcome_hit_rate: Direction | None = Field(None, description="measured direction next window")
+    outcome_remote_rows: Direction | None = None
+    correct: bool | None = Field(None, description="both predicted directions came true")
+    created_at: float = Field(default_factory=time.time)
+
+    @classmethod
+    def from_answer(cls, ans: Answer, **kw) -> "Decision":
+        return cls(replace=ans.replace, budget=ans.budget, expected_hit_rate=ans.expected.hit_rate,
+                   expected_remote_rows=ans.expected.remote_rows, reason=ans.reason, **kw)
+
+    def to_record(self) -> dict[str, Any]:
+        d = self.model_dump()
+        return {k: d[k] for k in DECISION_FIELDS}
+
+
+class HistoryEntry(BaseModel):
+    """A past decision and what happened after it (shown to the model; also eval input)."""
+
+    model_config = ConfigDict(extra="ignore")
+    decision: int = 0
+    window: int | None = None
+    replace: bool = False
+    budget: Budget | None = None
+    rows: int | None = Field(None, description="rows the budget allowed")
+    expected_hit_rate: Direction | None = None
+    expected_remote_rows: Direction | None = None
+    fallback: str | None = None
+    staleness: int | None = None
+    hit_delta: float | None = Field(None, description="measured hit-rate change (0..1 units)")
+    rows_delta: float | None = Field(None, description="measured relative change of fetched rows")
+    outcome_hit_rate: Direction | None = None
+    outcome_remote_rows: Direction | None = None
+    correct: bool | None = None
+    judged: dict[str, Any] | None = Field(None, description="the window the decision judged")

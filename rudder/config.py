@@ -1,0 +1,136 @@
+"""Run configuration: YAML validated by pydantic. Unknown keys are rejected so a typo fails
+before anything starts, naming the key; every default carries the reason it was chosen."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetConfig(Strict):
+    name: str = "synth-small"  # a generated preset (see `rudder data list`) or an imported name
+    root: str = "data"  # datasets live in <root>/<name>/, partitions in <root>/<name>/parts/
+    partition_method: Literal["metis", "random"] = "metis"  # metis: few remote nodes, as DistDGL
+    balance_train: bool = True  # equal training seeds per partition keeps DDP ranks in step
+    balance_edges: bool = True
+
+
+class TrainConfig(Strict):
+    fanouts: list[int] = [10, 25]  # the reference and DGL example defaults
+    batch_size: int = Field(1000, gt=0)  # reference default (2000 in their Slurm runs)
+    hidden: int = Field(16, gt=0)  # reference default: the model is small, communication dominates
+    epochs: int = Field(3, gt=0)
+    lr: float = Field(0.003, gt=0)  # reference default
+    seed: int = 0
+    eval_every: int = Field(1, ge=0)  # epochs between validation passes; 0 = only at the end
+    check_features: bool = False  # --check: compare every assembled row with a direct pull
+    max_steps_per_epoch: int | None = None  # cap for quick runs and tests
+
+
+class PrefetchConfig(Strict):
+    policy: str = "none"  # none | static | fixed | lookahead | agent | classifier:<name>
+    prefetch_fraction: float = Field(0.25, ge=0, le=1)  # buffer capacity / halo nodes
+    init: Literal["degree", "random", "empty"] = "degree"  # initial fill (MassiveGNN's choices)
+    alpha: float = Field(0.05, gt=0, lt=1)  # score decay per minibatch (reference default)
+    period: int = Field(25, gt=0)  # fixed policy replaces every `period` minibatches
+    lookahead: int = Field(3, ge=0)  # minibatches sampled ahead; 3 got within 1 pt of Belady
+    budget: float = Field(0.05, gt=0, le=1)  # max share of capacity replaced per round
+    window: int = Field(10, gt=0)  # minibatches per metrics window (agent, classifier)
+    record_trace: bool = True  # remote-access trace for `rudder oracle` and `rudder sim`
+
+
+class ModelConfig(Strict):
+    name: str = "smollm2-135m"  # a name from rudder.agent.models, or any label with `path`
+    path: str | None = None  # GGUF file; None = resolve the named shipped model
+    chat_format: str | None = None  # None = the template stored in the GGUF
+
+
+class AgentConfig(Strict):
+    model: ModelConfig = ModelConfig()
+    backend: Literal["inproc", "http"] = "inproc"
+    url: str | None = None  # OpenAI-compatible endpoint for backend=http
+    timeout_s: float = Field(20.0, gt=0)  # a later answer is dropped and the fallback applies
+    fallback: str = "static"  # what applies when the answer is bad, truncated or late
+    history: int = Field(4, ge=0)  # past decisions (with outcomes) shown to the model
+    max_tokens: int = Field(160, gt=0)
+    prompt: str = "default"  # prompt variant, scored by `rudder agent eval`
+    threads: int = Field(1, gt=0)  # llama.cpp threads; a trainer owns the other cores
+
+
+class ClusterConfig(Strict):
+    machines: int = Field(2, gt=0)
+    trainers_per_machine: int = Field(1, gt=0)
+    bandwidth: str | None = None  # tbf rate per machine link, e.g. "1gbit"; None = unshaped
+    netns: bool | None = None  # None = use network namespaces when root, else one machine
+    start_timeout_s: float = Field(120, gt=0)
+    run_timeout_s: float = Field(1800, gt=0)  # the whole run is torn down past this
+
+
+class RunConfig(Strict):
+    dataset: DatasetConfig = DatasetConfig()
+    train: TrainConfig = TrainConfig()
+    prefetch: PrefetchConfig = PrefetchConfig()
+    agent: AgentConfig = AgentConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    runs_dir: str = "runs"
+
+    @field_validator("prefetch")
+    @classmethod
+    def _known_policy(cls, v: PrefetchConfig) -> PrefetchConfig:
+        from rudder.prefetch.policies import check_policy_name
+
+        check_policy_name(v.policy)
+        return v
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the key."""
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"malformed YAML in {path}: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def parse_config(model: type[BaseModel], data: dict, source: str = "<dict>"):
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_run_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
+    data = load_yaml(path)
+    data.pop("execution", None)  # the workflow's section; not part of one run
+    data.pop("study", None)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return parse_config(RunConfig, data, str(path))

@@ -1,0 +1,173 @@
+"""MinibatchPipeline: samples minibatches ahead and assembles their features in a background
+thread while the training thread computes (bounded queue: memory stays bounded).
+
+The loader thread owns the buffer and the policy: sampling, every DGL RPC of training, the
+buffer lookup/replacement and the policy's plan/observe all run there, one minibatch at a time.
+The training thread only receives finished tensors (copies), so the buffer never changes under a
+minibatch that is reading it, and no DGL RPC is issued from two threads at once.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from rudder.prefetch.features import BufferedFeatures, FetchStats
+from rudder.prefetch.metrics import MetricsCollector
+from rudder.prefetch.policy import Policy, StepInfo
+
+
+@dataclass
+class Minibatch:
+    epoch: int
+    step: int
+    global_step: int
+    blocks: Any
+    feats: torch.Tensor
+    labels: torch.Tensor
+    input_nodes: torch.Tensor
+    stats: FetchStats
+    t_sample: float
+    window: dict | None = None  # the window record this minibatch closed, if any
+    stall: float = 0.0  # seconds the training thread waited for this minibatch
+
+
+@dataclass
+class _Done:
+    error: BaseException | None = None
+
+
+@dataclass
+class PipelineState:
+    """Values the training thread shares back with the loader (read for window aggregates)."""
+
+    last_t_compute: float = 0.0
+    last_t_stall: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class MinibatchPipeline:
+    def __init__(
+        self,
+        sample_iter_factory,  # epoch -> iterator of (input_nodes, seeds, blocks)
+        feats: BufferedFeatures,
+        labels,  # DistTensor of labels
+        policy: Policy,
+        collector: MetricsCollector,
+        steps_per_epoch: int,
+        epochs: int,
+        lookahead: int,
+        queue_size: int = 2,
+        trace_writer=None,
+    ):
+        self.sample_iter_factory = sample_iter_factory
+        self.feats = feats
+        self.labels = labels
+        self.policy = policy
+        self.collector = collector
+        self.steps_per_epoch = steps_per_epoch
+        self.epochs = epochs
+        self.lookahead = lookahead
+        self.trace_writer = trace_writer
+        self.state = PipelineState()
+        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- training-thread side -------------------------------------------------------------
+    def epoch(self, epoch: int) -> Iterator[Minibatch]:
+        """Starts the loader for `epoch` and yields its minibatches; t_stall = time waited."""
+        self._thread = threading.Thread(target=self._run, args=(epoch,), name=f"loader-e{epoch}", daemon=True)
+        self._thread.start()
+        while True:
+            t0 = time.perf_counter()
+            item = self._q.get()
+            stall = time.perf_counter() - t0
+            if isinstance(item, _Done):
+                self._thread.join()
+                if item.error is not None:
+                    raise RuntimeError(f"loader thread failed: {item.error!r}") from item.error
+                return
+            self.state.last_t_stall = stall
+            item.stall = stall
+            yield item
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ---- loader-thread side ---------------------------------------------------------------
+    def _run(self, epoch: int) -> None:
+        try:
+            self._load_epoch(epoch)
+            self._q.put(_Done())
+        except BaseException as exc:  # surfaced in the training thread
+            self._q.put(_Done(exc))
+
+    def _load_epoch(self, epoch: int) -> None:
+        it = iter(self.sample_iter_factory(epoch))
+        ahead: collections.deque = collections.deque()  # sampled, not yet assembled
+        exhausted = False
+        base = epoch * self.steps_per_epoch
+        for step in range(self.steps_per_epoch):
+            if self._stop.is_set():
+                return
+            # keep 1 + lookahead minibatches sampled (the current one and the known future)
+            while not exhausted and len(ahead) < 1 + self.lookahead:
+                t0 = time.perf_counter()
+                try:
+                    input_nodes, seeds, blocks = next(it)
+                except StopIteration:
+                    exhausted = True
+                    break
+                t_s = time.perf_counter() - t0
+                ahead.append((input_nodes, seeds, blocks, t_s, self.feats.remote_ids(input_nodes)))
+            if not ahead:
+                break
+            input_nodes, seeds, blocks, t_sample, remote = ahead.popleft()
+            future = [a[4] for a in ahead]
+            gstep = base + step
+            buf = self.feats.buffer
+            info = StepInfo(
+                epoch=epoch, step=step, global_step=gstep,
+                remaining_steps=self.epochs * self.steps_per_epoch - gstep,
+                future_remote=future,
+                stale_slots=buf.stale_count() if buf is not None else 0,
+                buffer_fill=buf.size if buf is not None else 0,
+            )
+            plan = self.policy.plan(info) if buf is not None else None
+            if self.trace_writer is not None:
+                self.trace_writer.add(epoch, remote)
+            x, stats = self.feats.fetch(input_nodes, plan, future)
+            y = self.labels[seeds]
+            record = {
+                "epoch": epoch, "step": step, "global_step": gstep, "t_sample": t_sample,
+                **stats.as_dict(),
+                "hit_rate": stats.hits / stats.remote_rows if stats.remote_rows else 0.0,
+                "t_compute": self.state.last_t_compute, "t_stall": self.state.last_t_stall,
+            }
+            window = self.collector.add(record, self._buffer_state(future))
+            self.policy.observe(record, window)
+            self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample, window))
+
+    def _buffer_state(self, future: list[torch.Tensor]) -> dict:
+        buf = self.feats.buffer
+        if buf is None:
+            return {}
+        missing = 0
+        if future:
+            ids = torch.unique(torch.cat(future))
+            is_halo, _ = buf.halo_positions(ids)
+            hit, _ = buf.lookup(ids[is_halo])
+            missing = int((~hit).sum())
+        return {
+            "buffer_fill": buf.size,
+            "stale_slots": buf.stale_count(),
+            "lookahead_missing": missing,
+            # rows a replacement now would cost: the missing ones, at most the capacity
+            "lookahead_rows": min(missing, buf.capacity),
+        }

@@ -1,0 +1,216 @@
+"""HaloBuffer: the persistent per-trainer buffer of remote ("halo") node features.
+
+Mechanism only (MassiveGNN's, faithful to SPEC.md); *when* to replace is a policy's call.
+Memory is bounded by the halo size H, never the graph size:
+  halo       [H]  sorted halo node ids; an id's halo position comes from a binary search
+  slot_of    [H]  halo position -> buffer slot (-1: not buffered)        O(1) slot lookup
+  slot_pos   [C]  buffer slot -> halo position (-1: empty slot)
+  feats      [C, D] the buffered feature rows
+  score      [C]  eviction score: x(1-alpha) per minibatch, a hit skips that minibatch's decay
+  miss_count [H]  times a non-buffered halo node was sampled
+Everything is tensor ops over whole minibatches; there is no per-node Python loop.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class HaloBuffer:
+    def __init__(
+        self,
+        halo_ids: torch.Tensor,
+        capacity: int,
+        feat_dim: int = 0,
+        *,
+        alpha: float = 0.05,
+        period: int = 25,
+        dtype: torch.dtype = torch.float32,
+        store_features: bool = True,
+    ):
+        self.halo = torch.unique(halo_ids.to(torch.int64))  # sorted
+        H = self.halo.numel()
+        if capacity < 0 or capacity > H:
+            raise ValueError(f"capacity {capacity} must be in [0, {H}] (the halo size)")
+        self.capacity = int(capacity)
+        self.decay = 1.0 - alpha
+        self.threshold = self.decay**period
+        self.slot_of = torch.full((H,), -1, dtype=torch.int64)
+        self.slot_pos = torch.full((capacity,), -1, dtype=torch.int64)
+        self.score = torch.zeros(capacity, dtype=torch.float64)
+        self.miss_count = torch.zeros(H, dtype=torch.float64)
+        self.feats = torch.empty((capacity, feat_dim) if store_features else (0, 0), dtype=dtype)
+        self.store_features = store_features
+
+    # ---- lookup ---------------------------------------------------------------------------
+    def halo_positions(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(is_halo mask, halo position) for each id; position is garbage where not halo."""
+        if self.halo.numel() == 0:
+            z = torch.zeros(ids.numel(), dtype=torch.int64)
+            return z.bool(), z
+        pos = torch.searchsorted(self.halo, ids).clamp_(max=self.halo.numel() - 1)
+        return self.halo[pos] == ids, pos
+
+    def lookup(self, remote_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Splits remote ids into hits and misses: (hit mask, slot or -1)."""
+        is_halo, pos = self.halo_positions(remote_ids)
+        slots = torch.where(is_halo, self.slot_of[pos], torch.full_like(pos, -1))
+        return slots >= 0, slots
+
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """Copies rows out: the caller's tensor never aliases the buffer (safe to replace later)."""
+        return self.feats.index_select(0, slots)
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+    def record(self, hit_slots: torch.Tensor, missed_ids: torch.Tensor, count_misses: bool = True):
+        """One minibatch of scores: every slot decays, a hit slot skips this decay (the score is
+        (1-alpha)^(minibatches not hit since filled), never recovering); each sampled halo node
+        not buffered gets +1 miss (not on replacement minibatches: the reference skips them)."""
+        self.score.mul_(self.decay)
+        if hit_slots.numel():
+            hit = torch.unique(hit_slots)
+            self.score[hit] /= self.decay
+        if count_misses and missed_ids.numel():
+            is_halo, pos = self.halo_positions(missed_ids)
+            pos = pos[is_halo]
+            pos = pos[self.slot_of[pos] < 0]
+            self.miss_count.index_add_(0, pos, torch.ones(pos.numel(), dtype=torch.float64))
+
+    def stale_slots(self) -> torch.Tensor:
+        """Filled slots whose score fell below (1-alpha)^period, lowest score first; then empties."""
+        filled = self.slot_pos >= 0
+        stale = torch.nonzero(filled & (self.score < self.threshold)).flatten()
+        stale = stale[torch.argsort(self.score[stale], stable=True)]
+        empty = torch.nonzero(~filled).flatten()
+        return torch.cat([empty, stale])
+
+    def stale_count(self) -> int:
+        return int(((self.slot_pos >= 0) & (self.score < self.threshold)).sum())
+
+    # ---- replacement plans (which slots get which halo nodes) -----------------------------
+    def plan_massivegnn(self, max_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stale slots <- most-missed non-buffered halo nodes, as many as both lists allow."""
+        victims = self.stale_slots()
+        cand_mask = (self.slot_of < 0) & (self.miss_count > 0)
+        cand = torch.nonzero(cand_mask).flatten()
+        n = min(victims.numel(), cand.numel(), max_rows if max_rows is not None else 1 << 62)
+        if n <= 0:
+            return _EMPTY, _EMPTY
+        top = torch.topk(self.miss_count[cand], n, sorted=True).indices
+        return victims[:n], self.halo[cand[top]]
+
+    def plan_lookahead(
+        self, future: list[torch.Tensor], max_rows: int | None = None, free_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Belady's rule on the known window: admit the non-buffered halo nodes used soonest
+        (then most often) in `future`; evict the slots used latest or never in the window
+        (never-used ones by lowest eviction score: history is the fallback beyond the window).
+        A swap happens only if the newcomer's next use is sooner than the victim's, so the
+        pairs form a prefix of the two sorted lists. `free_ids` (this minibatch's misses,
+        pulled anyway) win ties: admitting them costs no extra row."""
+        H = self.halo.numel()
+        if H == 0 or self.capacity == 0 or not future:
+            return _EMPTY, _EMPTY
+        INF = len(future) + 1
+        next_use = torch.full((H,), INF, dtype=torch.int64)
+        freq = torch.zeros(H, dtype=torch.int64)
+        for d, ids in enumerate(future, start=1):  # per minibatch, not per node
+            is_halo, pos = self.halo_positions(ids)
+            pos = pos[is_halo]
+            next_use.scatter_reduce_(0, pos, torch.full_like(pos, d), reduce="amin")
+            freq.index_add_(0, pos, torch.ones_like(pos))
+        free = torch.zeros(H, dtype=torch.bool)
+        if free_ids is not None and free_ids.numel():
+            is_halo, pos = self.halo_positions(free_ids)
+            free[pos[is_halo]] = True
+        cand = torch.nonzero((self.slot_of < 0) & (next_use < INF)).flatten()
+        if cand.numel() == 0:
+            return _EMPTY, _EMPTY
+        # one integer sort key: next use ascending, then free first, then frequency descending
+        F = len(future) + 1
+        ckey = (next_use[cand] * 2 + (~free[cand]).long()) * (F + 1) + (F - freq[cand])
+        cand = cand[torch.argsort(ckey, stable=True)]
+        filled = self.slot_pos >= 0
+        vnext = torch.full((self.capacity,), INF + 1, dtype=torch.int64)  # empty slots first
+        vnext[filled] = next_use[self.slot_pos[filled]]
+        # victims: latest next use first; ties (e.g. never used in window) by lowest score
+        order = torch.argsort(self.score, stable=True)
+        order = order[torch.argsort(-vnext[order], stable=True)]
+        n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
+        cand, victims = cand[:n], order[:n]
+        ok = next_use[cand] < vnext[victims]
+        k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
+        return victims[:k], self.halo[cand[:k]]
+
+    # ---- mutation -------------------------------------------------------------------------
+    def fill(self, ids: torch.Tensor, feats: torch.Tensor | None = None) -> None:
+        """Initial fill of slots 0..k-1 with score 1; `feats` rows in the order of `ids`."""
+        if ids.numel() > self.capacity or torch.unique(ids).numel() != ids.numel():
+            raise ValueError("initial fill must be unique ids, at most capacity of them")
+        is_halo, pos = self.halo_positions(ids)
+        if not bool(is_halo.all()):
+            raise ValueError("initial fill contains ids that are not halo nodes")
+        k = ids.numel()
+        slots = torch.arange(k)
+        self.slot_pos[:k] = pos
+        self.slot_of[pos] = slots
+        self.score[:k] = 1.0
+        if self.store_features and feats is not None:
+            self.feats[:k] = feats.to(self.feats.dtype)
+
+    def apply(self, slots: torch.Tensor, new_ids: torch.Tensor, feats: torch.Tensor | None = None):
+        """Puts new_ids into slots, with the score hand-over of the reference: the evicted node's
+        miss count restarts from its old eviction score; the new slot's score starts from the
+        newcomer's miss count."""
+        if slots.numel() == 0:
+            return
+        _, new_pos = self.halo_positions(new_ids)
+        old_pos = self.slot_pos[slots]
+        had = old_pos >= 0
+        self.miss_count[old_pos[had]] = self.score[slots[had]]
+        self.slot_of[old_pos[had]] = -1
+        self.score[slots] = self.miss_count[new_pos]
+        self.slot_pos[slots] = new_pos
+        self.slot_of[new_pos] = slots
+        if self.store_features and feats is not None:
+            self.feats[slots] = feats.to(self.feats.dtype)
+
+    # ---- inspection -----------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return int((self.slot_pos >= 0).sum())
+
+    def contents(self) -> torch.Tensor:
+        return self.halo[self.slot_pos[self.slot_pos >= 0]]
+
+    def verify(self) -> None:
+        """Invariants (tests call this): maps are inverse, no duplicates, within capacity."""
+        filled = torch.nonzero(self.slot_pos >= 0).flatten()
+        pos = self.slot_pos[filled]
+        assert pos.unique().numel() == pos.numel(), "a node is buffered twice"
+        assert bool((self.slot_of[pos] == filled).all()), "slot_of/slot_pos disagree"
+        assert int((self.slot_of >= 0).sum()) == filled.numel(), "stray slot_of entries"
+        assert filled.numel() <= self.capacity
+
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+def choose_initial(
+    halo_ids: torch.Tensor, capacity: int, init: str, degrees: torch.Tensor | None = None, seed: int = 0
+) -> torch.Tensor:
+    """Initial fill ids (sorted): `degree` (top in-degree halo nodes; `degrees` aligned with
+    `halo_ids`), `random`, or `empty`."""
+    order = torch.argsort(halo_ids)
+    halo_ids = halo_ids[order]
+    degrees = degrees[order] if degrees is not None else None
+    if init == "empty" or capacity == 0:
+        return _EMPTY
+    if init == "random":
+        g = torch.Generator().manual_seed(seed)
+        return torch.sort(halo_ids[torch.randperm(halo_ids.numel(), generator=g)[:capacity]]).values
+    if init == "degree":
+        if degrees is None:
+            raise ValueError("init=degree needs the halo nodes' degrees")
+        top = torch.topk(degrees.to(torch.float64), min(capacity, halo_ids.numel())).indices
+        return torch.sort(halo_ids[top]).values
+    raise ValueError(f"unknown init {init!r}; valid: degree, random, empty")

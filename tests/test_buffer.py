@@ -1,0 +1,204 @@
+"""HaloBuffer mechanism against a plain per-node reference written here, plus properties."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rudder.prefetch.buffer import HaloBuffer, choose_initial
+from rudder.prefetch.policy import Replace
+from rudder.prefetch.step import begin_step, finish_step
+
+
+class PlainMassiveGNN:
+    """Straight from SPEC.md, one node at a time (the reference the vectorised code must match)."""
+
+    def __init__(self, halo, capacity, alpha, period, init):
+        self.halo = set(int(h) for h in halo)
+        self.decay = 1 - alpha
+        self.threshold = self.decay**period
+        self.capacity = capacity
+        self.slots = [None] * capacity  # slot -> node
+        self.score = [0.0] * capacity
+        self.miss = {h: 0.0 for h in self.halo}
+        for i, n in enumerate(sorted(int(x) for x in init)):
+            self.slots[i] = n
+            self.score[i] = 1.0
+
+    def step(self, remote, replace):
+        where = {n: i for i, n in enumerate(self.slots) if n is not None}
+        hits = [n for n in remote if n in where]
+        misses = [n for n in remote if n not in where]
+        hit_slots = {where[n] for n in hits}
+        for i in range(self.capacity):
+            if i not in hit_slots:
+                self.score[i] *= self.decay  # a hit skips this minibatch's decay
+        if not replace:
+            for n in misses:
+                if n in self.halo:
+                    self.miss[n] += 1
+        else:
+            empty = [i for i in range(self.capacity) if self.slots[i] is None]
+            stale = sorted(
+                (i for i in range(self.capacity) if self.slots[i] is not None and self.score[i] < self.threshold),
+                key=lambda i: self.score[i],
+            )
+            victims = empty + stale
+            cands = sorted((n for n in self.halo if n not in where and self.miss[n] > 0), key=lambda n: -self.miss[n])
+            k = min(len(victims), len(cands))
+            for i, n in zip(victims[:k], cands[:k]):
+                old = self.slots[i]
+                if old is not None:
+                    self.miss[old] = self.score[i]
+                self.score[i] = self.miss[n]
+                self.slots[i] = n
+        return len(hits), len(misses)
+
+    def contents(self):
+        return sorted(n for n in self.slots if n is not None)
+
+
+def run_both(halo, capacity, alpha, period, init, trace, period_replace):
+    buf = HaloBuffer(torch.tensor(halo), capacity, 0, alpha=alpha, period=period, store_features=False)
+    buf.fill(torch.tensor(sorted(init), dtype=torch.int64))
+    ref = PlainMassiveGNN(halo, capacity, alpha, period, init)
+    for t, remote in enumerate(trace):
+        replace = t > 0 and t % period_replace == 0
+        plan = Replace("massivegnn") if replace else None
+        step = begin_step(buf, torch.tensor(remote, dtype=torch.int64), plan)
+        finish_step(buf, step)
+        h, m = ref.step(remote, replace)
+        assert (step.hits, step.misses) == (h, m), f"minibatch {t}"
+        assert sorted(buf.contents().tolist()) == ref.contents(), f"contents after minibatch {t}"
+        buf.verify()
+    return buf, ref
+
+
+def test_scores_decay_and_hits_skip_decay():
+    buf = HaloBuffer(torch.arange(10), 3, 0, alpha=0.5, period=2, store_features=False)
+    buf.fill(torch.tensor([0, 1, 2]))
+    for _ in range(3):
+        finish_step(buf, begin_step(buf, torch.tensor([0, 5]), None))
+    slot0 = int(buf.slot_of[0])
+    assert buf.score[slot0] == pytest.approx(1.0)  # hit every time: never decayed
+    assert buf.score[int(buf.slot_of[1])] == pytest.approx(0.125)  # 0.5^3
+    assert buf.threshold == pytest.approx(0.25)
+    assert buf.stale_count() == 2
+    assert buf.miss_count[5] == 3  # node 5 missed in three minibatches
+
+
+def test_replacement_hands_scores_over():
+    buf = HaloBuffer(torch.arange(10), 2, 0, alpha=0.5, period=1, store_features=False)
+    buf.fill(torch.tensor([0, 1]))
+    for _ in range(2):
+        finish_step(buf, begin_step(buf, torch.tensor([0, 7, 8, 8 + 1]), None))
+    finish_step(buf, begin_step(buf, torch.tensor([7]), None))
+    # node 1 never hit: 0.5^3 < 0.5 -> stale; node 0 hit twice then decayed once: 0.5 (not < 0.5)
+    step = begin_step(buf, torch.tensor([0]), Replace("massivegnn"))
+    assert step.victims.tolist() == [int(buf.slot_of[1])]
+    old_score = float(buf.score[step.victims[0]])
+    finish_step(buf, step)
+    assert buf.contents().tolist() == [0, 7]  # 7 missed 3 times: the most missed
+    assert buf.miss_count[1] == pytest.approx(old_score)  # evicted: miss count := old score
+    assert buf.score[int(buf.slot_of[7])] == pytest.approx(3.0)  # new slot: its miss count
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_plain_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    halo = sorted(torch.randperm(200, generator=g)[:60].tolist())
+    others = list(range(200, 230))  # remote but not halo: never cacheable
+    pool = torch.tensor(halo + others)
+    trace = []
+    for _ in range(40):
+        k = int(torch.randint(5, 40, (1,), generator=g))
+        trace.append(sorted(set(pool[torch.randint(0, len(pool), (k,), generator=g)].tolist())))
+    init = halo[:10]
+    run_both(halo, 15, alpha=0.1, period=3, init=init, trace=trace, period_replace=5)
+
+
+def test_lookahead_prefers_soonest_and_keeps_used():
+    buf = HaloBuffer(torch.arange(10), 2, 0, store_features=False)
+    buf.fill(torch.tensor([0, 1]))
+    future = [torch.tensor([0, 5]), torch.tensor([6]), torch.tensor([5, 7])]
+    step = begin_step(buf, torch.tensor([9]), Replace("lookahead", None), future)
+    finish_step(buf, step)
+    # 0 is used next minibatch: kept. 1 is never used: evicted for 5 (used soonest)
+    assert sorted(buf.contents().tolist()) == [0, 5]
+    assert step.extra_ids.tolist() == [5]  # 5 was not a miss now: an extra row
+
+
+def test_lookahead_admits_free_misses_first_and_respects_budget():
+    buf = HaloBuffer(torch.arange(10), 3, 0, store_features=False)
+    buf.fill(torch.tensor([0, 1, 2]))
+    future = [torch.tensor([3, 4]), torch.tensor([3, 4])]
+    step = begin_step(buf, torch.tensor([4]), Replace("lookahead", 1), future)
+    finish_step(buf, step)
+    assert step.newcomers.tolist() == [4]  # tie on next use: the free one (this minibatch's miss)
+    assert step.extra_ids.numel() == 0
+    assert buf.size == 3 and 4 in buf.contents().tolist()
+
+
+def test_lookahead_never_swaps_for_a_later_use():
+    buf = HaloBuffer(torch.arange(10), 1, 0, store_features=False)
+    buf.fill(torch.tensor([0]))
+    future = [torch.tensor([0]), torch.tensor([5])]
+    step = begin_step(buf, torch.tensor([], dtype=torch.int64), Replace("lookahead", None), future)
+    assert step.newcomers.numel() == 0  # 0 is needed sooner than 5
+
+
+def test_features_follow_their_nodes():
+    halo = torch.arange(100, 120)
+    table = torch.randn(200, 4)
+    buf = HaloBuffer(halo, 5, 4)
+    init = torch.tensor([100, 101, 102])
+    buf.fill(init, table[init])
+    step = begin_step(buf, torch.tensor([100, 110, 111]), Replace("lookahead", None),
+                      [torch.tensor([110, 111, 112])])
+    pulled = table[step.pull_ids]
+    finish_step(buf, step, pulled)
+    for slot in torch.nonzero(buf.slot_pos >= 0).flatten():
+        node = buf.halo[buf.slot_pos[slot]]
+        assert torch.equal(buf.feats[slot], table[node])
+
+
+def test_choose_initial():
+    halo = torch.tensor([5, 3, 9, 7])
+    ids = choose_initial(torch.tensor([3, 5, 7, 9]), 2, "degree", torch.tensor([10, 1, 2, 5]))
+    assert ids.tolist() == [3, 9]
+    assert choose_initial(halo, 2, "empty").numel() == 0
+    assert choose_initial(halo, 3, "random", seed=1).numel() == 3
+    with pytest.raises(ValueError, match="unknown init"):
+        choose_initial(halo, 2, "bogus")
+    with pytest.raises(ValueError, match="capacity"):
+        HaloBuffer(halo, 5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.floats(0, 1),
+    st.lists(st.lists(st.integers(0, 120), max_size=30), min_size=1, max_size=25),
+    st.sampled_from(["massivegnn", "lookahead"]),
+    st.integers(1, 5),
+)
+def test_properties_never_owned_never_twice_never_over(nhalo, frac, trace, mech, every):
+    halo = torch.arange(0, 2 * nhalo, 2)  # even ids are halo; odd ids remote non-halo
+    owned = torch.arange(1000, 1010)  # the partition's own nodes: never to be buffered
+    capacity = math.floor(frac * nhalo)
+    buf = HaloBuffer(halo, capacity, 0, alpha=0.2, period=2, store_features=False)
+    buf.fill(choose_initial(halo, capacity, "random", seed=0))
+    mbs = [torch.unique(torch.tensor(m, dtype=torch.int64)) for m in trace]
+    for t, remote in enumerate(mbs):
+        plan = Replace(mech, 3) if t % every == 0 else None
+        step = begin_step(buf, remote, plan, mbs[t + 1 : t + 4])
+        finish_step(buf, step)
+        buf.verify()
+        c = buf.contents()
+        assert c.numel() <= capacity
+        assert c.unique().numel() == c.numel()
+        assert bool(torch.isin(c, halo).all()) and not bool(torch.isin(c, owned).any())
+        assert step.hits + step.misses == remote.numel()
