@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rank %d/%d part %d: %d train seeds, %d steps/epoch, halo %d, capacity %d, policy %s",
              rank, world, part_id, train_nids.numel(), steps_per_epoch, halo.numel(), capacity, pc.policy)
 
+    # Fault injection for tests of the failure path: RUDDER_FAULT="rank:global_step".
+    fault = os.environ.get("RUDDER_FAULT")
+    fault_rank, fault_step = (int(x) for x in fault.split(":")) if fault else (-1, -1)
+    check = args.check or tc.check_features
+    saved_inputs: list = []
     mismatches = 0
     for epoch in range(tc.epochs):
         model.train()
@@ -138,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
                    input_rows=0, remote_rows=0, hits=0, fetched_rows=0, fetched_bytes=0, replaced_rows=0)
         correct = total = n = 0
         for mb in pipe.epoch(epoch):
-            if args.check or tc.check_features:
+            if rank == fault_rank and mb.global_step == fault_step:
+                log.error("RUDDER_FAULT: rank %d exits at step %d", rank, fault_step)
+                os._exit(17)
+            if check:
                 mismatches += int((mb.feats != feat[mb.input_nodes]).any(dim=1).sum())
+                if len(saved_inputs) < 5:  # for an independent remote count in tests
+                    saved_inputs.append((mb.input_nodes.clone(), mb.stats.remote_rows))
             t0 = time.perf_counter()
             logits = model(mb.blocks, mb.feats)
             loss = F.cross_entropy(logits, mb.labels.long())
@@ -183,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         trace.close()
     for w in out.values():
         w.close()
-    summary = {"rank": rank, "mismatched_rows": mismatches, "checked": bool(args.check or tc.check_features)}
+    if saved_inputs:
+        torch.save(saved_inputs, args.run_dir / f"inputs-r{rank}.pt")
+    summary = {"rank": rank, "part_id": part_id, "mismatched_rows": mismatches, "checked": check}
     (args.run_dir / f"done-r{rank}.json").write_text(json.dumps(summary))
     torch.distributed.barrier()
     dgl.distributed.exit_client()

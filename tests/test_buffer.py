@@ -33,9 +33,10 @@ class PlainMassiveGNN:
         hits = [n for n in remote if n in where]
         misses = [n for n in remote if n not in where]
         hit_slots = {where[n] for n in hits}
-        for i in range(self.capacity):
-            if i not in hit_slots:
-                self.score[i] *= self.decay  # a hit skips this minibatch's decay
+        for i in range(self.capacity):  # as the reference: all decay, hits divided back
+            self.score[i] *= self.decay
+            if i in hit_slots:
+                self.score[i] /= self.decay
         if not replace:
             for n in misses:
                 if n in self.halo:
@@ -47,7 +48,7 @@ class PlainMassiveGNN:
                 key=lambda i: self.score[i],
             )
             victims = empty + stale
-            cands = sorted((n for n in self.halo if n not in where and self.miss[n] > 0), key=lambda n: -self.miss[n])
+            cands = sorted((n for n in self.halo if n not in where and self.miss[n] > 0), key=lambda n: (-self.miss[n], n))
             k = min(len(victims), len(cands))
             for i, n in zip(victims[:k], cands[:k]):
                 old = self.slots[i]

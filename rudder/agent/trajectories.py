@@ -503,6 +503,10 @@ def load_trajectories(paths: Iterable[str | Path], rule: LabelRule | None = None
     if rule is None:
         y = np.array([int(r["label"]) for r in records], dtype=np.int64)
     else:
+        raw = [r for r in records if not ("pre" in r and "post" in r and "action" in r)]
+        if raw:
+            raise ValueError(f"cannot relabel: {len(raw)} trajectories (e.g. in "
+                             f"{raw[0]['_source']}) lack the raw action/pre/post fields")
         y = np.array([rule.label(bool(r["action"]), r["pre"], r["post"]) for r in records],
                      dtype=np.int64)
     return TrajectorySet(X, y, names, records, [str(f) for f in files])

@@ -35,18 +35,11 @@ import sys
 import time
 from pathlib import Path
 
+from rudder.cluster.exits import describe_exit
+
 EXIT_OK, EXIT_CHILD_FAILED, EXIT_START_FAILED, EXIT_SIGNALLED, EXIT_OWNER_GONE = 0, 1, 2, 3, 4
 EXIT_INTERNAL = 70
 TICK_S = 0.25  # upper bound between checks; child exits and signals wake us at once
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def listening_ports() -> set[int]:

@@ -44,13 +44,11 @@ class NetnsError(RuntimeError):
 
 
 def state_dir() -> Path:
-    """Where cluster registries live: $RUDDER_CLUSTER_STATE, else /run/rudder-cluster as root,
-    else /tmp/rudder-cluster-<uid>. (Registries outlive a crashed owner; /run is wiped at boot,
-    as are the namespaces they describe.)"""
-    env = os.environ.get("RUDDER_CLUSTER_STATE")
-    if env:
-        path = Path(env)
-    elif os.geteuid() == 0 and os.path.isdir("/run"):
+    """Where cluster registries live: /run/rudder-cluster as root (wiped at boot, as are the
+    namespaces they describe), else /tmp/rudder-cluster-<uid>. Deliberately not configurable:
+    every cluster of this host must see every registry, or cleanup_stale could take a live
+    cluster for an orphan."""
+    if os.geteuid() == 0 and os.path.isdir("/run"):
         path = Path("/run/rudder-cluster")
     else:
         path = Path(f"/tmp/rudder-cluster-{os.getuid()}")
@@ -114,7 +112,7 @@ def netns_available(prefix: str = DEFAULT_PREFIX) -> tuple[bool, str]:
     for tool in ("ip", "unshare"):
         if shutil.which(tool) is None:
             return False, f"`{tool}` not found on PATH (iproute2 / util-linux)"
-    probe = f"{check_prefix(prefix)}probe{os.getpid() % 100000}"
+    probe = f"{check_prefix(prefix)}probe{os.getpid()}{secrets.token_hex(3)}"
     try:
         _run(["ip", "netns", "add", probe])
     except NetnsError as exc:
@@ -362,7 +360,12 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
         for ns in _netns_list():
             m = pat.match(ns)
             if m and m.group(1) not in live:
-                kill_namespace_processes(ns)
+                pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+                if pids:  # something still runs there: not provably abandoned, leave it
+                    log.warning("namespace %s has no registry but runs pids %s; left alone",
+                                ns, " ".join(pids))
+                    live.add(m.group(1))
+                    continue
                 _run(["ip", "netns", "del", ns], check=False)
                 removed.append(ns)
         links = sorted(os.listdir("/sys/class/net"), key=lambda n: n.endswith("br"))

@@ -2,7 +2,9 @@
 
 Mechanism only (MassiveGNN's, faithful to SPEC.md); *when* to replace is a policy's call.
 Memory is bounded by the halo size H, never the graph size:
-  halo       [H]  sorted halo node ids; an id's halo position comes from a binary search
+  halo       [H]  sorted halo node ids
+  bucket_off [<=2H+2] start of each id bucket (id >> shift) in `halo`: an id's halo position is
+                  found inside its bucket of ~1-4 entries, in O(1) expected gathers per id
   slot_of    [H]  halo position -> buffer slot (-1: not buffered)        O(1) slot lookup
   slot_pos   [C]  buffer slot -> halo position (-1: empty slot)
   feats      [C, D] the buffered feature rows
@@ -29,6 +31,8 @@ class HaloBuffer:
     ):
         self.halo = torch.unique(halo_ids.to(torch.int64))  # sorted
         H = self.halo.numel()
+        self._build_index()
+        self._pos_memo: dict = {}
         if capacity < 0 or capacity > H:
             raise ValueError(f"capacity {capacity} must be in [0, {H}] (the halo size)")
         self.capacity = int(capacity)
@@ -42,12 +46,32 @@ class HaloBuffer:
         self.store_features = store_features
 
     # ---- lookup ---------------------------------------------------------------------------
+    def _build_index(self) -> None:
+        """Buckets of 2^shift consecutive ids, about one halo node per bucket: memory O(H)."""
+        H = self.halo.numel()
+        span = int(self.halo[-1]) + 1 if H else 1
+        self._shift = max(0, (span - 1).bit_length() - max(H, 1).bit_length())
+        nb = (span >> self._shift) + 1
+        self._bucket_off = torch.searchsorted(self.halo >> self._shift, torch.arange(nb + 1))
+        occupancy = int((self._bucket_off[1:] - self._bucket_off[:-1]).max()) if H else 0
+        self._search_steps = max(occupancy, 1).bit_length()
+
     def halo_positions(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(is_halo mask, halo position) for each id; position is garbage where not halo."""
-        if self.halo.numel() == 0:
+        """(is_halo mask, halo position) for each id; position is garbage where not halo.
+        A binary search restricted to the id's bucket: a few gathers over the whole batch."""
+        H = self.halo.numel()
+        if H == 0 or ids.numel() == 0:
             z = torch.zeros(ids.numel(), dtype=torch.int64)
             return z.bool(), z
-        pos = torch.searchsorted(self.halo, ids).clamp_(max=self.halo.numel() - 1)
+        nb = self._bucket_off.numel() - 1
+        bk = (ids >> self._shift).clamp_(0, nb - 1)
+        lo, hi = self._bucket_off[bk], self._bucket_off[bk + 1]
+        for _ in range(self._search_steps):
+            mid = (lo + hi) >> 1
+            right = (mid < hi) & (self.halo[mid.clamp(max=H - 1)] < ids)
+            lo = torch.where(right, mid + 1, lo)
+            hi = torch.where(right, hi, mid)
+        pos = lo.clamp_(max=H - 1)
         return self.halo[pos] == ids, pos
 
     def lookup(self, remote_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,6 +107,19 @@ class HaloBuffer:
         empty = torch.nonzero(~filled).flatten()
         return torch.cat([empty, stale])
 
+    def _future_positions(self, ids: torch.Tensor) -> torch.Tensor:
+        """Halo positions of a sampled-ahead minibatch, memoised: each one is looked at on
+        every round until it is trained on (the tensors stay alive in the lookahead queue)."""
+        key = (ids.data_ptr(), ids.numel())
+        hit = self._pos_memo.get(key)
+        if hit is None or hit[0] is not ids:
+            is_halo, pos = self.halo_positions(ids)
+            hit = (ids, pos[is_halo])
+            self._pos_memo[key] = hit
+            while len(self._pos_memo) > 16:
+                self._pos_memo.pop(next(iter(self._pos_memo)))
+        return hit[1]
+
     def stale_count(self) -> int:
         return int(((self.slot_pos >= 0) & (self.score < self.threshold)).sum())
 
@@ -95,7 +132,8 @@ class HaloBuffer:
         n = min(victims.numel(), cand.numel(), max_rows if max_rows is not None else 1 << 62)
         if n <= 0:
             return _EMPTY, _EMPTY
-        top = torch.topk(self.miss_count[cand], n, sorted=True).indices
+        # most missed first; ties to the lower node id (stable sort: deterministic everywhere)
+        top = torch.sort(-self.miss_count[cand], stable=True).indices[:n]
         return victims[:n], self.halo[cand[top]]
 
     def plan_lookahead(
@@ -114,8 +152,7 @@ class HaloBuffer:
         next_use = torch.full((H,), INF, dtype=torch.int64)
         freq = torch.zeros(H, dtype=torch.int64)
         for d, ids in enumerate(future, start=1):  # per minibatch, not per node
-            is_halo, pos = self.halo_positions(ids)
-            pos = pos[is_halo]
+            pos = self._future_positions(ids)
             next_use.scatter_reduce_(0, pos, torch.full_like(pos, d), reduce="amin")
             freq.index_add_(0, pos, torch.ones_like(pos))
         free = torch.zeros(H, dtype=torch.bool)
@@ -123,20 +160,19 @@ class HaloBuffer:
             is_halo, pos = self.halo_positions(free_ids)
             free[pos[is_halo]] = True
         cand = torch.nonzero((self.slot_of < 0) & (next_use < INF)).flatten()
-        if cand.numel() == 0:
+        n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
+        if n == 0:
             return _EMPTY, _EMPTY
-        # one integer sort key: next use ascending, then free first, then frequency descending
+        # one integer key: next use ascending, then free first, then frequency descending
         F = len(future) + 1
         ckey = (next_use[cand] * 2 + (~free[cand]).long()) * (F + 1) + (F - freq[cand])
-        cand = cand[torch.argsort(ckey, stable=True)]
+        cand = cand[torch.topk(ckey, n, largest=False, sorted=True).indices]
         filled = self.slot_pos >= 0
         vnext = torch.full((self.capacity,), INF + 1, dtype=torch.int64)  # empty slots first
         vnext[filled] = next_use[self.slot_pos[filled]]
-        # victims: latest next use first; ties (e.g. never used in window) by lowest score
-        order = torch.argsort(self.score, stable=True)
-        order = order[torch.argsort(-vnext[order], stable=True)]
-        n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
-        cand, victims = cand[:n], order[:n]
+        # victims: latest next use first; ties (e.g. unused in the window) by lowest score
+        vkey = vnext.double() * 1e12 - self.score
+        victims = torch.topk(vkey, n, largest=True, sorted=True).indices
         ok = next_use[cand] < vnext[victims]
         k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
         return victims[:k], self.halo[cand[:k]]

@@ -51,7 +51,7 @@ INGEST_VERSION = 1  # bump when ingest logic changes; part of the fingerprint (f
 
 # --- column types ------------------------------------------------------------------------------
 # Kinds: int -> BIGINT, float -> DOUBLE, bool -> BOOLEAN, str -> VARCHAR, ts -> TIMESTAMP (UTC),
-# json -> JSON. Every contract field has a kind here; a field missing from a record is NULL.
+# json -> JSON; flag -> BOOLEAN where any other text counts as true (and is kept in `extra`). Every contract field has a kind here; a field missing from a record is NULL.
 _COUNT = "int"
 _SEC = "float"
 FIELD_KINDS: dict[str, dict[str, str]] = {
@@ -84,7 +84,8 @@ FIELD_KINDS: dict[str, dict[str, str]] = {
         "replace": "bool", "budget": "float",
         # a prediction may be a direction ("up"/"down"/"flat") or a number: kept as text
         "expected_hit_rate": "str", "expected_remote_rows": "str",
-        "reason": "str", "latency_s": "float", "fallback": "bool",
+        "reason": "str", "latency_s": "float",
+        "fallback": "flag",  # True/False, or which fallback applied ("timeout": True, kept)
         "outcome_hit_rate": "float", "outcome_remote_rows": "float", "correct": "bool",
     },
 }
@@ -126,9 +127,11 @@ RUN_COLUMNS: dict[str, str] = {
 _RUN_JSON_KEYS = {"run_id", "study", "config", "config_hash", "status", "reason", "started_at",
                   "ended_at", "wall_s", "simulated", "versions", "host", "seeds", "timings"}
 
-_SQL_TYPE = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "str": "VARCHAR",
+_SQL_TYPE = {"int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "flag": "BOOLEAN",
+             "str": "VARCHAR",
              "ts": "TIMESTAMP", "json": "JSON"}
-_ARROW_TYPE = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string(),
+_ARROW_TYPE = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+               "flag": pa.bool_(), "str": pa.string(),
                "ts": pa.timestamp("us"), "json": pa.string()}
 
 
@@ -154,6 +157,10 @@ def _ddl() -> list[str]:
 _MISSING = object()
 _TRUE = {"true", "yes", "y", "1", "t"}
 _FALSE = {"false", "no", "n", "0", "f", "", "none", "null"}
+
+
+class _FlagText(str):
+    """A `flag` value given as text: stored as True, the text kept in `extra`."""
 
 
 def _coerce(value: Any, kind: str) -> Any:
@@ -194,6 +201,9 @@ def _coerce(value: Any, kind: str) -> Any:
             if low in _FALSE:
                 return False
         return _MISSING
+    if kind == "flag":
+        b = _coerce(value, "bool")
+        return b if b is not _MISSING else _FlagText(value)
     if kind == "str":
         return value if isinstance(value, str) else json.dumps(value, default=str)
     if kind == "json":
@@ -224,8 +234,9 @@ def _records_table(run_id: str, rows: list[tuple[int, dict]], kinds: dict[str, s
     for name, kind in kinds.items():
         values = [rec.get(name) for _, rec in rows]
         try:  # fast path: every value already fits the column type
-            if kind == "int" and any(isinstance(v, bool) for v in values):
-                raise pa.ArrowInvalid("bools in an integer column")
+            # (pyarrow would truncate 1.5 to 1 and reject bools in an int column: check first)
+            if kind == "int" and not all(v is None or type(v) is int for v in values):
+                raise pa.ArrowInvalid("non-int values in an integer column")
             if kind in ("str", "json"):
                 raise pa.ArrowInvalid("text columns always go through _coerce")
             columns[name] = pa.array(values, _ARROW_TYPE[kind])
@@ -235,10 +246,10 @@ def _records_table(run_id: str, rows: list[tuple[int, dict]], kinds: dict[str, s
         out = []
         for i, v in enumerate(values):
             c = _coerce(v, kind)
-            if c is _MISSING:
+            if c is _MISSING or isinstance(c, _FlagText):
                 extras[i] = extras[i] or {}
                 extras[i][name] = v
-                c = None
+                c = True if isinstance(c, _FlagText) else None
             out.append(c)
         columns[name] = pa.array(out, _ARROW_TYPE[kind])
     known = set(kinds)
@@ -342,9 +353,8 @@ class StoreLockedError(RuntimeError):
 
 
 def _acquire(lock_path: Path, exclusive: bool, timeout_s: float):
-    mode = "a+" if exclusive else "a+"
     try:
-        fh = open(lock_path, mode)
+        fh = open(lock_path, "a+")
     except OSError as exc:
         if exclusive:
             raise
@@ -354,6 +364,7 @@ def _acquire(lock_path: Path, exclusive: bool, timeout_s: float):
     op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     deadline = time.monotonic() + timeout_s
     delay = 0.05
+    waiting = False
     while True:
         try:
             fcntl.flock(fh.fileno(), op | fcntl.LOCK_NB)
@@ -368,6 +379,10 @@ def _acquire(lock_path: Path, exclusive: bool, timeout_s: float):
                     f"{lock_path.with_suffix('')} is in use by another process "
                     f"({'a collector or open readers' if exclusive else 'a collector'}); "
                     f"waited {timeout_s:.0f} s") from None
+            if not waiting:
+                waiting = True
+                log.info("waiting for %s (held by another process; up to %.0f s)",
+                         lock_path, timeout_s)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
     if exclusive:  # who holds it, for whoever waits
@@ -445,7 +460,7 @@ class ResultsStore:
         try:
             for stmt in _ddl():
                 self.con.execute(stmt)
-            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            row = self._one("SELECT value FROM meta WHERE key = 'schema_version'")
             if row is None:
                 self.con.execute("INSERT INTO meta VALUES ('schema_version', ?)",
                                  [str(SCHEMA_VERSION)])
@@ -460,7 +475,7 @@ class ResultsStore:
 
     def _check_schema(self) -> None:
         try:
-            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            row = self._one("SELECT value FROM meta WHERE key = 'schema_version'")
         except duckdb.CatalogException:
             row = None
         if row is None:
@@ -492,8 +507,7 @@ class ResultsStore:
         all_files = [run_json] + [p for per in files.values() for p in per.values()]
         fp = _fingerprint(run_dir, all_files, study)
         if not force:
-            row = self.con.execute("SELECT fingerprint FROM runs WHERE run_id = ?",
-                                   [run_id]).fetchone()
+            row = self._one("SELECT fingerprint FROM runs WHERE run_id = ?", [run_id])
             if row is not None and row[0] == fp:
                 return IngestResult(run_id, run_dir, meta.get("status"), skipped=True)
 
@@ -562,6 +576,9 @@ class ResultsStore:
                     bar.advance()
         finally:
             bar.stop()
+        if study is not None:  # the study row: where it was collected from, how many runs
+            self._in_transaction(self._touch_study, study,
+                                 ", ".join(str(Path(d).resolve()) for d in dirs), True)
         return summary
 
     def ingest_study(self, study_name: str, runs_root: str | Path, force: bool = False,
@@ -571,37 +588,38 @@ class ResultsStore:
         root = Path(runs_root)
         sub = root / study_name
         base = sub if sub.is_dir() else root
-        summary = self.ingest_runs([base], study=study_name, force=force, progress=progress)
-        self.con.execute("BEGIN")
-        try:
-            self._touch_study(study_name, runs_root=str(base.resolve()))
-            self.con.execute("COMMIT")
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
-        return summary
+        return self.ingest_runs([base], study=study_name, force=force, progress=progress)
 
     def delete_run(self, run_id: str) -> None:
         """Remove one run and its records (e.g. a run collected by mistake)."""
         self._need_writer()
-        self.con.execute("BEGIN")
-        try:
+
+        def delete():
             for table in CHILD_TABLES + ("runs",):
                 self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+
+        self._in_transaction(delete)
+
+    def _in_transaction(self, fn, *args) -> None:
+        self.con.execute("BEGIN")
+        try:
+            fn(*args)
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
 
-    def _touch_study(self, study: str, runs_root: str) -> None:
-        """Upsert the study row (inside the caller's transaction)."""
-        n = self.con.execute("SELECT count(*) FROM runs WHERE study = ?", [study]).fetchone()[0]
+    def _touch_study(self, study: str, runs_root: str, set_root: bool = False) -> None:
+        """Upsert the study row (inside the caller's transaction). runs_root: the folder the
+        study was collected from (set_root) or, until one is known, the first run's parent."""
+        n = self._one("SELECT count(*) FROM runs WHERE study = ?", [study])[0]
         now = datetime.now(timezone.utc).replace(tzinfo=None)
         self.con.execute(
             """INSERT INTO studies VALUES (?, ?, ?, ?, ?)
                ON CONFLICT (study) DO UPDATE SET runs = excluded.runs,
                  collected_at = excluded.collected_at,
-                 runs_root = coalesce(studies.runs_root, excluded.runs_root)""",
+                 runs_root = %s""" % ("excluded.runs_root" if set_root else
+                                      "coalesce(studies.runs_root, excluded.runs_root)"),
             [study, runs_root, n, now, now])
 
     def _run_row(self, meta: dict, run_id: str, study: str | None, run_dir: Path, fp: str,
@@ -643,7 +661,12 @@ class ResultsStore:
     # reading
     def query(self, sql: str, params: list | dict | None = None):
         """Runs SQL, returns a pandas DataFrame (duckdb.Error on bad SQL)."""
-        return self.con.execute(sql, params).df() if params else self.con.sql(sql).df()
+        return self.con.execute(sql, params).df()
+
+    def scalar(self, sql: str, params: list | dict | None = None) -> Any:
+        """The first value of the first row (None when there is no row)."""
+        rows = self.con.execute(sql, params).fetchall()
+        return rows[0][0] if rows else None
 
     def relation(self, sql: str) -> duckdb.DuckDBPyRelation:
         """Runs SQL lazily as a DuckDB relation (valid while the store is open)."""
@@ -651,14 +674,20 @@ class ResultsStore:
 
     def counts(self) -> dict[str, int]:
         """Rows per table."""
-        return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+        return {t: self._one(f"SELECT count(*) FROM {t}")[0] for t in TABLES}
+
+    def _one(self, sql: str, params: list | None = None) -> tuple | None:
+        """First row or None. (duckdb 2 refuses new work on a connection while an execute()
+        result is unfinished, so results are always read to the end.)"""
+        rows = self.con.execute(sql, params).fetchall()
+        return rows[0] if rows else None
 
     def export_parquet(self, out_dir: str | Path) -> dict[str, Path]:
         """Writes every table to `<out_dir>/<table>.parquet` (zstd); returns table -> path."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         order = {"studies": "study", "runs": "run_id", **{
-            t: f"run_id, rank, {ROW_KEY[t]}" for t in CHILD_TABLES}}
+            t: f'run_id, rank, "{ROW_KEY[t]}"' for t in CHILD_TABLES}}
         paths = {}
         for t in TABLES:
             p = out / f"{t}.parquet"

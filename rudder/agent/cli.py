@@ -1,0 +1,141 @@
+"""`rudder agent ...`: score models and prompts, serve a model, probe one decision.
+
+  rudder agent models                       registry: names, sources, present here or not
+  rudder agent eval [--model M ...] [--variant V ...] [--windows F]   accuracy, latency p50/p95
+  rudder agent label RUN_DIR [-o F]         labelled windows from a finished run
+  rudder agent serve [--model M] [--host H] [--port P]   the node's model server (foreground)
+  rudder agent decide --window JSON [--context JSON] [--history JSON]  one decision, printed
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _json_arg(value: str | None):
+    """Inline JSON, or a path to a JSON file."""
+    if value is None:
+        return None
+    v = value.strip()
+    if v[:1] in "{[":
+        return json.loads(v)
+    return json.loads(Path(v).read_text())
+
+
+def _models(args) -> int:
+    from rudder.agent.models import main as models_main
+
+    return models_main(["list"])
+
+
+def _eval(args) -> int:
+    from rudder.agent.eval import STARTER, evaluate_many, format_table
+
+    results = evaluate_many(args.windows or STARTER, args.model or ["smollm2-135m"],
+                            args.variant or ["default"], url=args.url, threads=args.threads,
+                            timeout_s=args.timeout, limit=args.limit, model_path=args.model_path)
+    rows = [r.summary() for r in results]
+    print(format_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            [{**r.summary(), "predictions": r.predictions} for r in results], indent=2))
+    return 0
+
+
+def _label(args) -> int:
+    from rudder.agent.eval import label_windows_from_run, write_jsonl
+
+    recs = label_windows_from_run(args.run_dir, horizon=args.horizon)
+    if args.output:
+        write_jsonl(recs, args.output)
+        print(f"{len(recs)} labelled windows -> {args.output}")
+    else:
+        for r in recs:
+            print(json.dumps(r))
+    return 0
+
+
+def _serve(args) -> int:
+    from rudder.agent.service import main as service_main
+
+    argv = ["--model", args.model, "--port", str(args.port), "--threads", str(args.threads)]
+    if args.host:
+        argv += ["--host", args.host]
+    if args.model_path:
+        argv += ["--model-path", args.model_path]
+    return service_main(argv)
+
+
+def _decide(args) -> int:
+    from rudder.agent.context import ContextBuilder
+    from rudder.agent.decision import DecisionMaker
+    from rudder.agent.eval import make_backend
+
+    window = _json_arg(args.window)
+    ctx = _json_arg(args.context) or {}
+    history = _json_arg(args.history) or []
+    builder = ContextBuilder(ctx, args.variant)
+    prompt = builder.build(window, history, window.get("recent", []) if isinstance(window, dict) else [])
+    if args.show_prompt:
+        for m in prompt.messages:
+            print(f"--- {m['role']}\n{m['content']}")
+    maker = DecisionMaker(make_backend(args.model, args.url, args.threads, args.model_path), args.model,
+                          timeout_s=args.timeout)
+    try:
+        d = maker.decide(prompt)
+    finally:
+        maker.close()
+    print(json.dumps({k: v for k, v in d.to_record().items() if v is not None}, indent=2))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("agent", help="the LLM agent: eval, serve, decide",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="agent_command", metavar="ACTION")
+
+    def common(q, many: bool):
+        if many:
+            q.add_argument("--model", action="append", help="model name (repeatable; default smollm2-135m)")
+        else:
+            q.add_argument("--model", default="smollm2-135m", help="model name (rudder agent models)")
+        q.add_argument("--model-path", default=None, help="GGUF file for a user-supplied model")
+        q.add_argument("--url", default=None, help="OpenAI-compatible server instead of in-process")
+        q.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+        q.add_argument("--timeout", type=float, default=60.0, help="seconds per answer")
+
+    q = sub.add_parser("models", help="list the model registry")
+    q.set_defaults(func=_models)
+
+    q = sub.add_parser("eval", help="score model(s) x prompt variant(s) on labelled windows")
+    common(q, many=True)
+    q.add_argument("--variant", action="append", help="prompt variant (repeatable; default: default)")
+    q.add_argument("--windows", default=None, help="labelled windows JSONL (default: the starter set)")
+    q.add_argument("--limit", type=int, default=None)
+    q.add_argument("--json", default=None, help="write summaries and per-window predictions here")
+    q.set_defaults(func=_eval)
+
+    q = sub.add_parser("label", help="labelled windows from a finished run's records")
+    q.add_argument("run_dir")
+    q.add_argument("-o", "--output", default=None)
+    q.add_argument("--horizon", type=int, default=2)
+    q.set_defaults(func=_label)
+
+    q = sub.add_parser("serve", help="serve a model for this node's trainers (foreground)")
+    q.add_argument("--model", default="smollm2-135m")
+    q.add_argument("--model-path", default=None)
+    q.add_argument("--host", default=None, help="default $RUDDER_MACHINE_ADDR or 127.0.0.1")
+    q.add_argument("--port", type=int, default=8431)
+    q.add_argument("--threads", type=int, default=1)
+    q.set_defaults(func=_serve)
+
+    q = sub.add_parser("decide", help="one decision on a window, printed (manual probe)")
+    common(q, many=False)
+    q.add_argument("--window", required=True, help="WINDOW_FIELDS record: JSON or a file")
+    q.add_argument("--context", default=None, help="RunContext-like dict: JSON or a file")
+    q.add_argument("--history", default=None, help="list of past decisions: JSON or a file")
+    q.add_argument("--variant", default="default")
+    q.add_argument("--show-prompt", action="store_true")
+    q.set_defaults(func=_decide)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -1,0 +1,238 @@
+"""DecisionMaker: asks an LLM "replace now?" under a JSON schema and validates the answer.
+
+Backends (the one I/O seam to the model; tests put a fake or a garbage server there):
+  inproc  llama_cpp.Llama in this process; the schema becomes a llama.cpp grammar
+          (response_format={"type": "json_object", "schema": ...}), so the output is JSON by
+          construction; greedy decoding.
+  http    any OpenAI-compatible /v1/chat/completions (llama_cpp.server, the node's AgentService,
+          vLLM, Ollama) with the schema in response_format; stdlib urllib with a timeout.
+
+An answer that is empty, not JSON, not valid under the Answer model, cut off
+(finish_reason != "stop"), or later than `timeout_s` never steers: the decision carries
+`fallback=<AgentConfig.fallback>` and the reason says what went wrong. Nothing is ever read from
+free text by substring search.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import ValidationError
+
+from rudder.agent.context import Prompt
+from rudder.agent.messages import Answer, Decision
+
+if TYPE_CHECKING:
+    from rudder.config import AgentConfig
+
+log = logging.getLogger(__name__)
+
+RAW_MAX = 2000  # chars of raw model output kept in a decision record
+N_CTX = 4096  # prompt (~1-1.5k tokens with examples) + answer fit with room to spare
+
+# Policies that can stand in when the agent has no valid answer (they need no model).
+FALLBACKS = ("static", "fixed", "lookahead")
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str | None
+
+
+class BackendError(RuntimeError):
+    """The backend gave no usable completion; `kind` is a short word for records and tests."""
+
+    def __init__(self, kind: str, msg: str):
+        super().__init__(msg)
+        self.kind = kind
+
+
+class Backend(Protocol):
+    name: str
+
+    def complete(self, messages: list[dict], schema: dict, max_tokens: int, timeout_s: float,
+                 cancel: threading.Event | None = None) -> Completion: ...
+
+    def close(self) -> None: ...
+
+
+class InprocBackend:
+    """llama.cpp in this process. Not thread-safe: one call at a time (lock)."""
+
+    name = "inproc"
+
+    def __init__(self, model_path: str | Path, threads: int = 1, chat_format: str | None = None,
+                 n_ctx: int = N_CTX, seed: int = 0):
+        from llama_cpp import Llama
+
+        self.model_path = str(model_path)
+        self.llm = Llama(model_path=self.model_path, n_ctx=n_ctx, n_threads=threads,
+                         n_threads_batch=threads, chat_format=chat_format, seed=seed, verbose=False)
+        self._lock = threading.Lock()
+
+    def complete(self, messages, schema, max_tokens, timeout_s, cancel=None) -> Completion:
+        deadline = time.monotonic() + timeout_s
+        parts: list[str] = []
+        finish = None
+        with self._lock:
+            if self.llm is None:
+                raise BackendError("closed", "model closed")
+            # Streamed so a late answer (or close()) stops generating after the current token;
+            # the answer is then judged late/cut off and the fallback applies.
+            stream = self.llm.create_chat_completion(
+                messages=messages, response_format={"type": "json_object", "schema": schema},
+                max_tokens=max_tokens, temperature=0.0, stream=True,
+            )
+            try:
+                for chunk in stream:
+                    choice = chunk["choices"][0]
+                    parts.append(choice.get("delta", {}).get("content") or "")
+                    finish = choice.get("finish_reason") or finish
+                    if time.monotonic() > deadline or (cancel is not None and cancel.is_set()):
+                        finish = finish or "timeout"
+                        break
+            finally:
+                stream.close()
+        return Completion("".join(parts), finish)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.llm is not None:
+                self.llm.close()  # frees the model now (avoids a TypeError in __del__ at exit)
+                self.llm = None
+
+
+def chat_url(url: str) -> str:
+    """Accepts http://h:p, http://h:p/v1 or the full /v1/chat/completions address."""
+    url = url.rstrip("/")
+    if url.endswith("/chat/completions"):
+        return url
+    if url.endswith("/v1"):
+        return url + "/chat/completions"
+    return url + "/v1/chat/completions"
+
+
+class HttpBackend:
+    """An OpenAI-compatible server. schema_style: "json_object" (llama.cpp's form:
+    {"type": "json_object", "schema": S}) or "json_schema" (OpenAI/vLLM/Ollama's form)."""
+
+    name = "http"
+
+    def __init__(self, url: str, model: str = "", schema_style: str = "json_object"):
+        self.url = chat_url(url)
+        self.model = model
+        self.schema_style = schema_style
+
+    def _response_format(self, schema: dict) -> dict:
+        if self.schema_style == "json_schema":
+            return {"type": "json_schema", "json_schema": {"name": "decision", "schema": schema, "strict": True}}
+        return {"type": "json_object", "schema": schema}
+
+    def complete(self, messages, schema, max_tokens, timeout_s, cancel=None) -> Completion:
+        body = json.dumps({
+            "model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+            "response_format": self._response_format(schema), "stream": False,
+        }).encode()
+        req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                payload = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise BackendError("http", f"HTTP {exc.code} from {self.url}") from None
+        except (TimeoutError, socket.timeout) as exc:
+            raise BackendError("timeout", f"no answer from {self.url} within {timeout_s:.1f} s") from exc
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+                raise BackendError("timeout", f"no answer from {self.url} within {timeout_s:.1f} s") from None
+            raise BackendError("connect", f"cannot reach {self.url}: {exc.reason}") from None
+        except (ConnectionError, OSError) as exc:
+            raise BackendError("connect", f"connection to {self.url} failed: {exc}") from None
+        try:
+            data = json.loads(payload)
+            choice = data["choices"][0]
+            return Completion(choice["message"].get("content") or "", choice.get("finish_reason"))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise BackendError("bad-response", f"not an OpenAI chat completion: {payload[:200]!r}") from None
+
+    def close(self) -> None:
+        pass
+
+
+class DecisionMaker:
+    """One call per closed window: prompt in, validated Decision (or a recorded fallback) out."""
+
+    def __init__(self, backend: Backend, model: str, fallback: str = "static", max_tokens: int = 160,
+                 timeout_s: float = 20.0):
+        if fallback not in FALLBACKS:
+            raise ValueError(f"agent fallback {fallback!r} not usable; valid: {', '.join(FALLBACKS)}")
+        self.backend = backend
+        self.model = model
+        self.fallback = fallback
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_config(cls, cfg: "AgentConfig", url: str | None = None) -> "DecisionMaker":
+        """Backend per config; `url` (e.g. $RUDDER_AGENT_URL, the node's service) forces http."""
+        url = url or (cfg.url if cfg.backend == "http" else None)
+        if url:
+            backend: Backend = HttpBackend(url, model=cfg.model.name)
+        elif cfg.backend == "http":
+            raise ValueError("agent.backend=http needs agent.url (or RUDDER_AGENT_URL)")
+        else:
+            from rudder.agent.models import resolve_model
+
+            backend = InprocBackend(resolve_model(cfg.model), threads=cfg.threads,
+                                    chat_format=cfg.model.chat_format)
+        return cls(backend, cfg.model.name, cfg.fallback, cfg.max_tokens, cfg.timeout_s)
+
+    def _fallback(self, why: str, raw: str, latency: float, prompt: Prompt) -> Decision:
+        log.info("agent answer unusable (%s): %s applies", why, self.fallback)
+        return Decision(model=self.model, backend=self.backend.name, prompt_hash=prompt.hash,
+                        raw=raw[:RAW_MAX], reason=f"fallback: {why}"[:RAW_MAX], latency_s=latency,
+                        fallback=self.fallback)
+
+    def decide(self, prompt: Prompt, cancel: threading.Event | None = None) -> Decision:
+        t0 = time.monotonic()
+        try:
+            comp = self.backend.complete(prompt.messages, prompt.schema, self.max_tokens, self.timeout_s, cancel)
+        except BackendError as exc:
+            return self._fallback(f"{exc.kind}: {exc}", "", time.monotonic() - t0, prompt)
+        except Exception as exc:  # a backend bug must not kill the agent thread
+            log.exception("agent backend failed")
+            return self._fallback(f"error: {type(exc).__name__}: {exc}", "", time.monotonic() - t0, prompt)
+        latency = time.monotonic() - t0
+        return self.validate(comp, latency, prompt)
+
+    def validate(self, comp: Completion, latency: float, prompt: Prompt) -> Decision:
+        text = comp.text.strip()
+        if latency > self.timeout_s:
+            return self._fallback(f"late: {latency:.1f} s > {self.timeout_s:.1f} s", text, latency, prompt)
+        if comp.finish_reason != "stop":
+            return self._fallback(f"truncated: finish_reason={comp.finish_reason}", text, latency, prompt)
+        if not text:
+            return self._fallback("empty answer", text, latency, prompt)
+        try:
+            ans = Answer.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first.get("loc", ()))) or "<json>"
+            return self._fallback(f"invalid: {where}: {first.get('msg')}", text, latency, prompt)
+        return Decision.from_answer(ans, model=self.model, backend=self.backend.name,
+                                    prompt_hash=prompt.hash, raw=text[:RAW_MAX], latency_s=latency)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def answer_json(ans: dict[str, Any]) -> str:
+    return json.dumps(Answer.model_validate(ans).model_dump())

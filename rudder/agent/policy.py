@@ -1,0 +1,271 @@
+"""AgentPolicy: an LLM decides *when* the buffer replaces and how much, without ever blocking
+the training loop.
+
+  trainer (loader thread)                     agent thread (daemon)
+  observe(metrics, window) --inbox (bounded)--> ContextBuilder.build -> DecisionMaker.decide
+  plan(step)              <--outbox---------- Decision (agent#n)
+
+- observe() puts every closed window without blocking; when the inbox is full the oldest window
+  is dropped (only the newest state matters to a late agent).
+- plan() only polls the outbox: it never waits for the model. The newest arrived decision is
+  applied at that step (older ones that arrived together are recorded as superseded, never
+  applied); staleness = applied global step - last step of the window it judged.
+- A fallback decision (bad/late answer) hands steering to the fallback policy (static by
+  default) until the next valid answer.
+- Self-reflection: when the next window after an applied decision closes, the predicted
+  directions are compared with the measured ones (hit rate: flat = |delta| < 1 pt; fetched rows
+  per minibatch: flat = |relative delta| < 2%); `correct` = both came true. The entry goes back
+  into the history the next prompts show. Pass@1 = mean(correct) over judged decisions.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from typing import Any
+
+from rudder.agent.context import HIT_TOL, ROWS_TOL, ContextBuilder, direction, per_minibatch
+from rudder.agent.decision import DecisionMaker
+from rudder.agent.messages import Decision, HistoryEntry, budget_rows
+from rudder.config import AgentConfig, PrefetchConfig
+from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
+
+log = logging.getLogger(__name__)
+
+INBOX_SIZE = 2  # windows waiting for the agent; older ones are dropped when it falls behind
+RECENT_WINDOWS = 3  # earlier windows shown for the hit-rate trend
+HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentConfig.history)
+
+
+def measure(judged: dict, after: dict) -> tuple[float | None, float | None]:
+    """(hit-rate delta, relative fetched-rows-per-minibatch delta) from `judged` to `after`."""
+    hit = None
+    if judged.get("hit_rate") is not None and after.get("hit_rate") is not None:
+        hit = float(after["hit_rate"]) - float(judged["hit_rate"])
+    a, b = per_minibatch(judged, "fetched_rows"), per_minibatch(after, "fetched_rows")
+    rows = None if a is None or b is None else (b - a) / max(a, 1.0)
+    return hit, rows
+
+
+def reflect(d: Decision, judged: dict, after: dict) -> tuple[float | None, float | None]:
+    """Sets d.outcome_* and d.correct from the window after the decision; returns the deltas."""
+    hit, rows = measure(judged, after)
+    d.outcome_hit_rate = direction(hit, HIT_TOL)
+    d.outcome_remote_rows = direction(rows, ROWS_TOL)
+    if d.fallback or d.outcome_hit_rate is None or d.outcome_remote_rows is None:
+        d.correct = None
+    else:
+        d.correct = (d.expected_hit_rate == d.outcome_hit_rate
+                     and d.expected_remote_rows == d.outcome_remote_rows)
+    return hit, rows
+
+
+class AgentPolicy(Policy):
+    name = "agent"
+    records_decisions = True
+
+    def __init__(self, cfg: PrefetchConfig, agent: AgentConfig | None = None,
+                 decision_maker: DecisionMaker | None = None, inbox_size: int = INBOX_SIZE, **extra: Any):
+        self.cfg = cfg
+        self.agent_cfg = agent or AgentConfig()
+        self._maker = decision_maker
+        self._url = os.environ.get("RUDDER_AGENT_URL") or None  # the node's service (cluster sets it)
+        self._inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
+        self._outbox: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._recent: deque[dict] = deque(maxlen=RECENT_WINDOWS)
+        self._history: list[HistoryEntry] = []  # applied decisions, oldest first (shown in prompts)
+        self._pending: list[tuple[Decision, dict, HistoryEntry]] = []  # applied, awaiting outcome
+        self._done: list[dict] = []  # completed records not yet handed out by decisions()
+        self._judged: list[bool] = []  # correct flags, for Pass@1
+        self._n = 0
+        self._last_step = -1
+        self._fallback_active = False
+        self.dropped_windows = 0
+        self._load_error: str | None = None
+
+    # ---- Policy interface -----------------------------------------------------------------
+    def setup(self, ctx: RunContext) -> None:
+        super().setup(ctx)
+        a = self.agent_cfg
+        self.builder = ContextBuilder(ctx, a.prompt, a.history)
+        self.mechanism = "lookahead" if ctx.lookahead > 0 else "massivegnn"
+        from rudder.prefetch.policies import make_policy
+
+        self.fallback = make_policy(self.cfg.model_copy(update={"policy": a.fallback}))
+        self.fallback.setup(ctx)
+        if self._maker is None:
+            if self._url or a.backend == "http":
+                self._maker = DecisionMaker.from_config(a, url=self._url)
+            else:
+                from rudder.agent.models import resolve_model
+
+                resolve_model(a.model)  # fail now, with the fix in the message, not in the thread
+        self._thread = threading.Thread(target=self._run, name=f"agent-r{ctx.rank}", daemon=True)
+        self._thread.start()
+
+    def observe(self, metrics: dict, window: dict | None = None) -> None:
+        if metrics and metrics.get("global_step") is not None:
+            self._last_step = max(self._last_step, int(metrics["global_step"]))
+        if window is None:
+            return
+        window = dict(window)
+        self._reflect(window)
+        recent = list(self._recent)
+        self._recent.append(window)
+        item = (window, recent)
+        while True:
+            try:
+                self._inbox.put_nowait(item)
+                break
+            except queue.Full:
+                try:
+                    self._inbox.get_nowait()
+                    self.dropped_windows += 1
+                except queue.Empty:
+                    pass
+
+    def plan(self, step: StepInfo) -> Replace | None:
+        arrived: list[tuple[Decision, dict]] = []
+        while True:
+            try:
+                arrived.append(self._outbox.get_nowait())
+            except queue.Empty:
+                break
+        if not arrived:
+            return self._fallback_plan(step) if self._fallback_active else None
+        for old, _ in arrived[:-1]:
+            old.reason = f"{old.reason} [superseded, never applied]"
+            self._finish(old)
+        d, judged = arrived[-1]
+        d.applied_step = step.global_step
+        if judged.get("last_step") is not None:
+            d.staleness = step.global_step - int(judged["last_step"])
+        entry = HistoryEntry(decision=d.decision, window=d.window, replace=d.replace, budget=d.budget,
+                             rows=budget_rows(d.budget, self.ctx.capacity) if d.budget else None,
+                             expected_hit_rate=d.expected_hit_rate, expected_remote_rows=d.expected_remote_rows,
+                             fallback=d.fallback, staleness=d.staleness, judged=judged)
+        with self._lock:
+            self._history.append(entry)
+            del self._history[:-HISTORY_KEEP]
+        log.info("agent#%d (window %s, staleness %s): %s%s", d.decision, d.window, d.staleness,
+                 f"fallback {d.fallback}" if d.fallback else ("replace " + str(d.budget) if d.replace else "keep"),
+                 f" in {d.latency_s:.2f} s" if d.latency_s is not None else "")
+        if d.fallback:
+            self._fallback_active = True
+            self._finish(d)  # no prediction to check
+            return self._fallback_plan(step)
+        self._fallback_active = False
+        self._pending.append((d, judged, entry))
+        if d.replace:
+            return Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity), f"agent#{d.decision}")
+        return None
+
+    def decisions(self) -> list[dict]:
+        with self._lock:
+            out, self._done = self._done, []
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._inbox.put_nowait(None)
+        except queue.Full:
+            pass
+        if self._thread is not None:
+            self._thread.join(self.agent_cfg.timeout_s + 2.0)  # a call in flight ends by its timeout
+            if self._thread.is_alive():
+                log.warning("agent thread still busy at close; left behind (daemon)")
+            elif self._maker is not None:
+                self._maker.close()  # llm.close(): frees the model before interpreter exit
+        while True:  # answers that came too late to be applied
+            try:
+                d, _ = self._outbox.get_nowait()
+            except queue.Empty:
+                break
+            d.reason = f"{d.reason} [arrived after the run, never applied]"
+            self._finish(d)
+        for d, _, _ in self._pending:  # applied, but no window closed after them
+            self._finish(d)
+        self._pending = []
+        if getattr(self, "fallback", None) is not None:
+            self.fallback.close()
+
+    # ---- results --------------------------------------------------------------------------
+    @property
+    def pass_at_1(self) -> float | None:
+        """Share of judged decisions whose predicted effect matched the outcome."""
+        return sum(self._judged) / len(self._judged) if self._judged else None
+
+    def history(self) -> list[HistoryEntry]:
+        with self._lock:
+            return [h.model_copy() for h in self._history]
+
+    # ---- internals --------------------------------------------------------------------------
+    def _fallback_plan(self, step: StepInfo) -> Replace | None:
+        r = self.fallback.plan(step)
+        if r is not None:
+            r = Replace(r.mechanism, r.max_rows, f"fallback:{self.agent_cfg.fallback}")
+        return r
+
+    def _finish(self, d: Decision) -> None:
+        with self._lock:
+            self._done.append(d.to_record())
+
+    def _reflect(self, window: dict) -> None:
+        still = []
+        for d, judged, entry in self._pending:
+            if (window.get("window", 0) > judged.get("window", -1)
+                    and int(window.get("last_step", 0)) >= (d.applied_step or 0)):
+                hit, rows = reflect(d, judged, window)
+                with self._lock:
+                    entry.hit_delta, entry.rows_delta = hit, rows
+                    entry.outcome_hit_rate, entry.outcome_remote_rows = d.outcome_hit_rate, d.outcome_remote_rows
+                    entry.correct = d.correct
+                if d.correct is not None:
+                    self._judged.append(d.correct)
+                self._finish(d)
+            else:
+                still.append((d, judged, entry))
+        self._pending = still
+
+    def _load(self) -> DecisionMaker | None:
+        try:
+            return DecisionMaker.from_config(self.agent_cfg, url=self._url)
+        except Exception as exc:  # recorded on every decision as the fallback's reason
+            log.error("agent model failed to load: %s", exc)
+            self._load_error = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def _run(self) -> None:
+        if self._maker is None:
+            self._maker = self._load()  # in this thread: loading never delays training
+        while not self._stop.is_set():
+            try:
+                item = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if item is None:
+                break
+            window, recent = item
+            self._n += 1
+            try:
+                prompt = self.builder.build(window, self.history(), recent)
+                if self._maker is None:
+                    d = Decision(reason=f"fallback: model load failed: {self._load_error}"[:2000],
+                                 fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name,
+                                 backend=self.agent_cfg.backend, prompt_hash=prompt.hash)
+                else:
+                    d = self._maker.decide(prompt, cancel=self._stop)
+            except Exception as exc:  # never let the agent thread die silently
+                log.exception("agent decision failed")
+                d = Decision(reason=f"fallback: error: {type(exc).__name__}: {exc}"[:2000],
+                             fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name)
+            d.decision = self._n
+            d.window = window.get("window")
+            d.decided_step = self._last_step
+            self._outbox.put((d, window))

@@ -1,0 +1,587 @@
+"""Replays a remote-access trace against a policy, without training or a cluster.
+
+Buffer policies (none, static, fixed, lookahead, agent, classifier:<name>) run through the very
+code training runs: `rudder.prefetch.policies.make_policy` for the policy, `HaloBuffer` and
+`begin_step`/`finish_step` for the mechanism, `MetricsCollector` for windows, with StepInfo,
+records and windows built as `rudder.pipeline.MinibatchPipeline` builds them (lookahead within
+the epoch, remaining_steps, buffer state at window close). Classic caches (lru, lfu, s3fifo,
+sieve) run through `rudder.sim.caches`, the hindsight optimum (belady) through
+`rudder.prefetch.oracle`.
+
+Policy names take their knobs after colons; a comma list is a grid:
+  fixed[:PERIOD[:ALPHA]]          fixed:10,25,50
+  lookahead[:DEPTH[:BUDGET]]      lookahead:1,3:0.01,0.05
+  classifier:NAME                 agent   none   static   lru   lfu   s3fifo   sieve   belady
+
+Results are per-minibatch records with the MINIBATCH_FIELDS of training (timings 0, loss null,
+plus `admitted_rows` as FetchStats), epoch and window records, the policy's decision records,
+and a summary; `write_sim_run` puts them in a run directory marked `"simulated": true`, which
+the results store ingests into the same tables as real runs.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rudder.records import EPOCH_FIELDS, MINIBATCH_FIELDS, JsonlWriter, host_info, versions, write_json_atomic
+from rudder.sim.caches import CACHES, make_cache
+from rudder.sim.trace import Trace, find_traces
+
+log = logging.getLogger(__name__)
+
+BUFFER_POLICIES = ("none", "static", "fixed", "lookahead", "agent", "classifier")
+ORACLES = ("belady",)
+# the pipeline samples ahead only for these (rudder.train): others see no future
+LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier")
+
+
+def policy_names() -> list[str]:
+    return [*BUFFER_POLICIES, *sorted(CACHES), *ORACLES]
+
+
+# ---- policy specs -------------------------------------------------------------------------
+def expand_grid(spec: str) -> list[str]:
+    """'fixed:10,25' -> ['fixed:10', 'fixed:25']; each colon field may be a comma list."""
+    base, *args = spec.split(":")
+    if not args:
+        return [base]
+    return [":".join([base, *combo]) for combo in itertools.product(*(a.split(",") for a in args))]
+
+
+@dataclass
+class PolicySpec:
+    spec: str  # as given, e.g. "fixed:25"
+    base: str  # none | static | fixed | ... | lru | belady
+    prefetch: Any = None  # PrefetchConfig for buffer policies
+    extra: dict = field(default_factory=dict)  # make_policy kwargs
+
+    @property
+    def slug(self) -> str:
+        return self.spec.replace(":", "_").replace(",", "-").replace("/", "-")
+
+
+def parse_policy(spec: str, prefetch=None) -> PolicySpec:
+    """`prefetch`: the PrefetchConfig the knobs start from (a source run's, or the defaults)."""
+    from rudder.config import PrefetchConfig
+
+    base, *args = spec.split(":")
+    valid = policy_names()
+    if base not in valid:
+        raise ValueError(f"unknown policy {spec!r}; valid: {', '.join(valid)}")
+    if base not in BUFFER_POLICIES:
+        if args:
+            raise ValueError(f"policy {base!r} takes no arguments (got {spec!r})")
+        return PolicySpec(spec, base)
+    pc = (prefetch or PrefetchConfig()).model_copy()
+    upd: dict[str, Any] = {"policy": base}
+    try:
+        if base == "fixed":
+            if len(args) > 2:
+                raise ValueError
+            if args:
+                upd["period"] = int(args[0])
+            if len(args) > 1:
+                upd["alpha"] = float(args[1])
+        elif base == "lookahead":
+            if len(args) > 2:
+                raise ValueError
+            if args:
+                upd["lookahead"] = int(args[0])
+            if len(args) > 1:
+                upd["budget"] = float(args[1])
+        elif base == "classifier":
+            if len(args) != 1 or not args[0]:
+                raise ValueError
+            upd["policy"] = f"classifier:{args[0]}"
+        elif args:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"bad policy {spec!r}: use fixed[:PERIOD[:ALPHA]], lookahead[:DEPTH[:BUDGET]], "
+            "classifier:NAME, or a plain name"
+        ) from None
+    pc = PrefetchConfig.model_validate({**pc.model_dump(), **upd})  # validates the knobs
+    return PolicySpec(spec, base, pc)
+
+
+# ---- results ------------------------------------------------------------------------------
+COUNT_FIELDS = ("hits", "remote_rows", "misses", "replaced_rows", "admitted_rows", "fetched_rows")
+
+
+@dataclass
+class SimResult:
+    policy: str
+    rank: int
+    trace: Trace
+    capacity: int
+    initial_fill_rows: int
+    counts: dict[str, np.ndarray]  # COUNT_FIELDS -> [S] int64
+    seconds: float  # replay time (what throughput is measured on)
+    windows: list[dict] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    def total(self, key: str) -> int:
+        return int(self.counts[key].sum())
+
+    @property
+    def accesses_per_s(self) -> float:
+        return self.trace.num_accesses / self.seconds if self.seconds > 0 else float("inf")
+
+    def summary(self) -> dict:
+        remote = self.total("remote_rows")
+        hits, fetched = self.total("hits"), self.total("fetched_rows")
+        return {
+            "policy": self.policy, "rank": self.rank, "capacity": self.capacity,
+            "halo_nodes": self.trace.num_halo, "minibatches": self.trace.num_minibatches,
+            "remote_rows": remote, "hits": hits, "hit_rate": hits / remote if remote else 0.0,
+            "misses": self.total("misses"), "replaced_rows": self.total("replaced_rows"),
+            "admitted_rows": self.total("admitted_rows"), "fetched_rows": fetched,
+            "fetched_frac": fetched / remote if remote else 0.0,  # of `none`'s rows
+            "initial_fill_rows": self.initial_fill_rows,
+            "decisions": len(self.decisions),
+            "seconds": self.seconds, "accesses_per_s": self.accesses_per_s, **self.extra,
+        }
+
+    def records(self) -> list[dict]:
+        """Minibatch records (MINIBATCH_FIELDS + admitted_rows), as training writes them."""
+        t = self.trace
+        c = {k: v.tolist() for k, v in self.counts.items()}
+        inp = t.input_rows.tolist()
+        epochs, steps = t.epoch.tolist(), t.steps().tolist()
+        fb = t.feat_bytes
+        out = []
+        for g in range(t.num_minibatches):
+            r, h = c["remote_rows"][g], c["hits"][g]
+            known = inp[g] >= 0
+            out.append({
+                "epoch": epochs[g], "step": steps[g], "global_step": g,
+                "input_rows": inp[g] if known else None,
+                "local_rows": inp[g] - r if known else None, "remote_rows": r,
+                "hits": h, "misses": c["misses"][g], "replaced_rows": c["replaced_rows"][g],
+                "fetched_rows": c["fetched_rows"][g], "fetched_bytes": c["fetched_rows"][g] * fb,
+                "hit_rate": h / r if r else 0.0,
+                "t_sample": 0.0, "t_fetch": 0.0, "t_buffer": 0.0, "t_compute": 0.0, "t_stall": 0.0,
+                "loss": None, "admitted_rows": c["admitted_rows"][g],
+            })
+        return out
+
+    def epoch_records(self) -> list[dict]:
+        t = self.trace
+        out = []
+        for i, e in enumerate(np.unique(t.epoch).tolist()):
+            m = t.epoch == e
+            inp = t.input_rows[m]
+            rec = {k: None for k in EPOCH_FIELDS}
+            rec.update({
+                "epoch": e, "t_epoch": 0.0, "t_sample": 0.0, "t_fetch": 0.0, "t_buffer": 0.0,
+                "t_compute": 0.0, "t_stall": 0.0, "minibatches": int(m.sum()),
+                "input_rows": int(inp.sum()) if (inp >= 0).all() else None,
+                "remote_rows": int(self.counts["remote_rows"][m].sum()),
+                "hits": int(self.counts["hits"][m].sum()),
+                "fetched_rows": int(self.counts["fetched_rows"][m].sum()),
+                "fetched_bytes": int(self.counts["fetched_rows"][m].sum()) * t.feat_bytes,
+                "replaced_rows": int(self.counts["replaced_rows"][m].sum()),
+                "initial_fill_rows": self.initial_fill_rows if i == 0 else 0,
+            })
+            out.append(rec)
+        return out
+
+
+def _post_hoc_windows(result: SimResult, window: int) -> list[dict]:
+    from rudder.prefetch.metrics import MetricsCollector
+
+    col = MetricsCollector(window)
+    out = [w for rec in result.records() if (w := col.add(rec)) is not None]
+    if (w := col.close()) is not None:
+        out.append(w)
+    return out
+
+
+# ---- context ------------------------------------------------------------------------------
+def run_context(trace: Trace, prefetch, capacity: int, rank: int = 0, source: dict | None = None):
+    """The RunContext a policy sees: the training run's own (context-r<R>.json) when the trace
+    came from one, else what the trace and its metadata tell."""
+    from rudder.prefetch.policy import RunContext
+
+    source = source or {}
+    saved = source.get("context") or {}
+    cfg = source.get("config") or {}
+    train = cfg.get("train", {})
+    S = trace.num_minibatches
+    epochs = int(np.unique(trace.epoch).size) if S else 0
+    steps = int(np.bincount(trace.epoch - trace.epoch.min()).max()) if S else 0
+    graph = source.get("graph", {})
+    base = dict(
+        rank=rank, num_trainers=int(graph.get("num_trainers", trace.num_parts)), part_id=trace.part_id,
+        num_parts=trace.num_parts, num_nodes=int(graph.get("num_nodes", 0)),
+        partition_nodes=int(graph.get("partition_nodes", 0)), halo_nodes=trace.num_halo,
+        capacity=capacity, batch_size=int(train.get("batch_size", graph.get("batch_size", 0))),
+        fanouts=list(train.get("fanouts", graph.get("fanouts", []))), steps_per_epoch=steps,
+        epochs=epochs, feat_dim=trace.feat_bytes // 4, feat_bytes=trace.feat_bytes,
+        window=prefetch.window, lookahead=prefetch.lookahead, run_dir=None,
+        extra={"dataset": cfg.get("dataset", {}).get("name", graph.get("dataset"))},
+    )
+    for k in ("num_trainers", "num_nodes", "partition_nodes", "batch_size", "fanouts", "feat_dim", "extra"):
+        if k in saved and saved[k] is not None:
+            base[k] = saved[k]
+    return RunContext(**base)
+
+
+# ---- the replay ---------------------------------------------------------------------------
+def simulate(
+    trace: Trace,
+    policy: str | PolicySpec,
+    *,
+    capacity: int | None = None,
+    start: str = "init",
+    rank: int = 0,
+    source: dict | None = None,
+    extra: dict | None = None,
+    agent_sync: bool = True,
+    agent_wait_s: float = 60.0,
+    verify: bool = False,
+) -> SimResult:
+    """Replays `trace` under `policy`. capacity: default the trace's; start: the trace's initial
+    fill (`init`, as the run started; with a smaller capacity its first C ids) or `empty`.
+    agent_sync: after each window closes, wait (up to agent_wait_s) for an asynchronous policy's
+    answer, so it applies at the next minibatch as a zero-latency agent's would (a replay runs
+    far faster than training; without waiting every answer would arrive after the trace ends).
+    verify: check the mechanism's invariants after every minibatch (tests)."""
+    spec = policy if isinstance(policy, PolicySpec) else parse_policy(policy, _source_prefetch(source))
+    if extra:
+        spec.extra = {**spec.extra, **extra}
+    C = trace.capacity if capacity is None else int(capacity)
+    if not 0 <= C <= trace.num_halo:
+        raise ValueError(f"capacity {C} must be in [0, {trace.num_halo}] (the halo size)")
+    if start not in ("init", "empty"):
+        raise ValueError(f"unknown start {start!r}; valid: init, empty")
+    init = trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64)
+    if spec.base in BUFFER_POLICIES:
+        return _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify)
+    if spec.base in CACHES:
+        return _simulate_cache(trace, spec, C, init, rank, verify)
+    return _simulate_belady(trace, spec, C, start, rank)
+
+
+def _source_prefetch(source: dict | None):
+    from rudder.config import PrefetchConfig
+
+    pf = ((source or {}).get("config") or {}).get("prefetch")
+    if not pf:
+        return None
+    try:
+        return PrefetchConfig.model_validate(pf)
+    except Exception:  # a config from another version: start from defaults
+        return None
+
+
+def _empty_counts(S: int) -> dict[str, np.ndarray]:
+    return {k: np.zeros(S, dtype=np.int64) for k in COUNT_FIELDS}
+
+
+def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify) -> SimResult:
+    import torch
+
+    from rudder.prefetch.buffer import HaloBuffer
+    from rudder.prefetch.metrics import MetricsCollector, hit_rate
+    from rudder.prefetch.policies import make_policy
+    from rudder.prefetch.policy import StepInfo
+    from rudder.prefetch.step import begin_step, finish_step
+
+    pc = spec.prefetch
+    S = trace.num_minibatches
+    counts = _empty_counts(S)
+    sizes = trace.sizes()
+    counts["remote_rows"][:] = sizes
+    pol = make_policy(pc, **spec.extra)
+    ctx = run_context(trace, pc, C, rank, source)
+    if not pol.uses_buffer:  # plain DistDGL: every remote row pulled every time
+        t0 = time.perf_counter()
+        counts["misses"][:] = sizes
+        counts["fetched_rows"][:] = sizes
+        res = SimResult(spec.spec, rank, trace, 0, 0, counts, time.perf_counter() - t0)
+        res.windows = _post_hoc_windows(res, pc.window)
+        return res
+
+    halo_t = torch.from_numpy(trace.halo)
+    buf = HaloBuffer(halo_t, C, 0, alpha=pc.alpha, period=pc.period, store_features=False)
+    if init.size:
+        buf.fill(halo_t[torch.from_numpy(np.sort(init))])
+    pol.setup(ctx)
+    collector = MetricsCollector(pc.window)
+    depth = pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
+    ids_t = torch.from_numpy(trace.ids)
+    off = trace.offsets.tolist()
+    epochs, steps = trace.epoch.tolist(), trace.steps().tolist()
+    epoch_end = _epoch_ends(trace.epoch)
+    inp = trace.input_rows.tolist()
+    fb = trace.feat_bytes
+    hits, misses, replaced, admitted = (counts[k] for k in ("hits", "misses", "replaced_rows", "admitted_rows"))
+    windows, decisions = [], []
+    waited = 0.0
+    t0 = time.perf_counter()
+    for g in range(S):
+        remote = ids_t[off[g] : off[g + 1]]
+        future = [ids_t[off[j] : off[j + 1]] for j in range(g + 1, min(g + 1 + depth, epoch_end[g]))]
+        info = StepInfo(
+            epoch=epochs[g], step=steps[g], global_step=g, remaining_steps=S - g,
+            future_remote=future, stale_slots=buf.stale_count(), buffer_fill=buf.size,
+        )
+        plan = pol.plan(info)
+        sp = begin_step(buf, remote, plan, future)
+        finish_step(buf, sp)
+        h, m = sp.hits, sp.misses
+        x, a = int(sp.extra_ids.numel()), int(sp.newcomers.numel())
+        hits[g], misses[g], replaced[g], admitted[g] = h, m, x, a
+        if verify:
+            buf.verify()
+        r = h + m
+        record = {
+            "epoch": epochs[g], "step": steps[g], "global_step": g, "t_sample": 0.0,
+            "input_rows": inp[g] if inp[g] >= 0 else None,
+            "local_rows": inp[g] - r if inp[g] >= 0 else None, "remote_rows": r,
+            "hits": h, "misses": m, "replaced_rows": x, "admitted_rows": a,
+            "fetched_rows": m + x, "fetched_bytes": (m + x) * fb, "t_fetch": 0.0, "t_buffer": 0.0,
+            "hit_rate": hit_rate(h, r), "t_compute": 0.0, "t_stall": 0.0,
+        }
+        closes = (g + 1) % pc.window == 0  # the collector closes a window every `window` adds
+        window = collector.add(record, _buffer_state(buf, future) if closes else None)
+        pol.observe(record, window)
+        if window is not None:
+            windows.append(window)
+            if agent_sync:
+                tw = time.perf_counter()
+                _wait_for_answer(pol, agent_wait_s)
+                waited += time.perf_counter() - tw
+        decisions.extend(pol.decisions())
+    seconds = time.perf_counter() - t0 - waited
+    if (w := collector.close(_buffer_state(buf, []))) is not None:
+        windows.append(w)
+    pol.close()
+    decisions.extend(pol.decisions())
+    counts["fetched_rows"][:] = misses + replaced
+    res = SimResult(spec.spec, rank, trace, C, int(init.size), counts, seconds, windows, decisions)
+    if waited:
+        res.extra["agent_wait_s"] = waited
+    if hasattr(pol, "pass_at_1"):
+        res.extra["pass_at_1"] = pol.pass_at_1
+    return res
+
+
+def _epoch_ends(epoch: np.ndarray) -> list[int]:
+    """For each minibatch, the index one past the last minibatch of its epoch."""
+    S = epoch.size
+    if S == 0:
+        return []
+    last = np.ones(S, dtype=bool)
+    last[:-1] = epoch[1:] != epoch[:-1]
+    ends = np.flatnonzero(last) + 1
+    return ends[np.searchsorted(ends, np.arange(S), side="right")].tolist()
+
+
+def _buffer_state(buf, future) -> dict:
+    """As MinibatchPipeline._buffer_state: fill, stale slots, and what the known future lacks."""
+    import torch
+
+    missing = 0
+    if future:
+        ids = torch.unique(torch.cat(future))
+        is_halo, _ = buf.halo_positions(ids)
+        hit, _ = buf.lookup(ids[is_halo])
+        missing = int((~hit).sum())
+    return {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
+            "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
+
+
+def _wait_for_answer(pol, timeout_s: float) -> None:
+    """Blocks until an asynchronous policy (AgentPolicy) has an answer queued for plan()."""
+    outbox = getattr(pol, "_outbox", None)
+    thread = getattr(pol, "_thread", None)
+    if outbox is None or thread is None:
+        return
+    deadline = time.perf_counter() + timeout_s
+    while outbox.empty() and thread.is_alive() and time.perf_counter() < deadline:
+        time.sleep(0.005)
+
+
+def _minibatch_items(trace: Trace):
+    ok, pos = trace.halo_positions()
+    off = trace.offsets
+    for g in range(trace.num_minibatches):
+        s, e = off[g], off[g + 1]
+        yield pos[s:e][ok[s:e]]
+
+
+def _simulate_cache(trace, spec, C, init, rank, verify) -> SimResult:
+    S = trace.num_minibatches
+    counts = _empty_counts(S)
+    sizes = trace.sizes()
+    cache = make_cache(spec.base, C, trace.num_halo)
+    cache.fill(init)
+    hits = counts["hits"]
+    t0 = time.perf_counter()
+    before = cache.size
+    for g, req in enumerate(_minibatch_items(trace)):
+        hits[g] = cache.access(req)
+        if verify:
+            cache.verify()
+    seconds = time.perf_counter() - t0
+    counts["remote_rows"][:] = sizes
+    counts["misses"][:] = sizes - hits
+    counts["fetched_rows"][:] = sizes - hits  # admission is on demand: no extra rows
+    res = SimResult(spec.spec, rank, trace, C, before, counts, seconds)
+    res.extra["evictions"] = cache.evictions
+    res.windows = _post_hoc_windows(res, 10)
+    return res
+
+
+def _simulate_belady(trace, spec, C, start, rank) -> SimResult:
+    from rudder.prefetch.oracle import belady
+
+    t0 = time.perf_counter()
+    r = belady(trace, C, start)
+    seconds = time.perf_counter() - t0
+    counts = _empty_counts(trace.num_minibatches)
+    counts["hits"][:] = r.hits
+    counts["remote_rows"][:] = r.remote_rows
+    counts["misses"][:] = r.remote_rows - r.hits
+    counts["fetched_rows"][:] = r.remote_rows - r.hits
+    counts["admitted_rows"][:] = r.admitted
+    res = SimResult(spec.spec, rank, trace, C, r.initial_fill, counts, seconds)
+    res.windows = _post_hoc_windows(res, 10)
+    return res
+
+
+# ---- sources and run directories ----------------------------------------------------------
+def load_source(path: str | Path) -> tuple[dict[int, Trace], dict]:
+    """A run directory (every trace-r<R>.npz in it) or one trace file. The dict holds what the
+    directory tells: run.json's config and run_id, each rank's context-r<R>.json, tracegen's
+    graph facts."""
+    path = Path(path)
+    if path.is_dir():
+        paths = find_traces(path)
+        if not paths:
+            raise FileNotFoundError(f"no trace-r<R>.npz in {path} (was record_trace off?)")
+        run_dir = path
+    elif path.exists():
+        stem = path.name
+        rank = int(stem[len("trace-r") : -len(".npz")]) if stem.startswith("trace-r") and stem[7:-4].isdigit() else 0
+        paths = {rank: path}
+        run_dir = path.parent
+    else:
+        raise FileNotFoundError(f"no trace or run directory at {path}")
+    source: dict[str, Any] = {"path": str(path), "name": (run_dir if path.is_dir() else path).name}
+    meta_path = run_dir / "run.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        source["config"] = meta.get("config") or {}
+        source["run_id"] = meta.get("run_id") or run_dir.name
+        source["graph"] = meta.get("graph") or {}
+        source["name"] = source["run_id"] if path.is_dir() else source["name"]
+    gen_path = run_dir / "trace.json"  # rudder tracegen's facts
+    if gen_path.exists() and "graph" not in source:
+        gen = json.loads(gen_path.read_text())
+        source["graph"] = gen.get("graph") or {}
+        source["tracegen"] = gen.get("spec") or {}
+    traces = {}
+    for rank, p in paths.items():
+        traces[rank] = Trace.load(p)
+        ctx_path = run_dir / f"context-r{rank}.json"
+        if ctx_path.exists():
+            source.setdefault("contexts", {})[rank] = json.loads(ctx_path.read_text())
+    return traces, source
+
+
+def rank_source(source: dict, rank: int) -> dict:
+    s = dict(source)
+    s["context"] = (source.get("contexts") or {}).get(rank)
+    return s
+
+
+def sim_run_id(source: dict, spec: str, capacity: int | None = None, start: str = "init") -> str:
+    name = str(source.get("name", "trace")).removesuffix(".npz")
+    slug = spec.replace(":", "_").replace(",", "-")
+    tail = (f"-c{capacity}" if capacity is not None else "") + ("-empty" if start == "empty" else "")
+    return f"sim-{name}-{slug}{tail}"
+
+
+def write_sim_run(
+    runs_dir: str | Path, results: list[SimResult], source: dict, *, run_id: str | None = None,
+    study: str | None = None, start: str = "init", capacity: int | None = None,
+) -> Path:
+    """One policy's results (one per rank) as a run directory the results store ingests:
+    run.json (simulated: true; the source's config with this policy), minibatches/epochs/
+    windows/decisions-r<R>.jsonl. Rewriting the same run id replaces its files."""
+    import rudder
+    from rudder.config import RunConfig
+
+    assert results, "nothing to write"
+    spec = parse_policy(results[0].policy, _source_prefetch(source))
+    run_id = run_id or sim_run_id(source, spec.spec, capacity, start)
+    run_dir = Path(runs_dir) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("*-r*.jsonl"):
+        old.unlink()
+    cfg = dict(source.get("config") or {}) or RunConfig().model_dump(mode="json")
+    cfg = json.loads(json.dumps(cfg))  # deep copy
+    pf = cfg.setdefault("prefetch", {})
+    if spec.prefetch is not None:
+        pf.update(spec.prefetch.model_dump(mode="json"))
+    pf["policy"] = spec.prefetch.policy if spec.prefetch is not None else spec.base
+    r0 = results[0]
+    if r0.trace.num_halo:
+        pf["prefetch_fraction"] = r0.capacity / r0.trace.num_halo
+    pf["init"] = pf.get("init", "degree") if start == "init" else "empty"
+    if source.get("graph", {}).get("dataset"):
+        cfg.setdefault("dataset", {})["name"] = source["graph"]["dataset"]
+    for res in results:
+        R = res.rank
+        with _writer(run_dir / f"minibatches-r{R}.jsonl") as w:
+            for rec in res.records():
+                w.write(rec)
+        with _writer(run_dir / f"epochs-r{R}.jsonl") as w:
+            for rec in res.epoch_records():
+                w.write(rec)
+        with _writer(run_dir / f"windows-r{R}.jsonl") as w:
+            for rec in res.windows:
+                w.write(rec)
+        if res.decisions:
+            with _writer(run_dir / f"decisions-r{R}.jsonl") as w:
+                for rec in res.decisions:
+                    w.write(rec)
+    now = time.time()
+    meta = {
+        "run_id": run_id, "study": study, "status": "complete", "reason": None, "simulated": True,
+        "config": cfg, "started_at": now, "ended_at": now,
+        "wall_s": sum(r.seconds for r in results),
+        "versions": {"rudder": getattr(rudder, "__version__", "?"), **versions()}, "host": host_info(),
+        "sim": {
+            "policy": spec.spec, "source": source.get("path"), "source_run_id": source.get("run_id"),
+            "start": start, "capacity": capacity,
+            "summary": {str(r.rank): r.summary() for r in results},
+        },
+    }
+    write_json_atomic(run_dir / "run.json", meta)
+    return run_dir
+
+
+class _writer:
+    def __init__(self, path: Path):
+        self.w = JsonlWriter(path)
+
+    def __enter__(self) -> JsonlWriter:
+        return self.w
+
+    def __exit__(self, *exc) -> None:
+        self.w.close()
+
+
+assert {"hits", "remote_rows", "misses", "replaced_rows", "fetched_rows"} <= set(MINIBATCH_FIELDS)

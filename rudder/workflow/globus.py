@@ -1,0 +1,187 @@
+"""Globus Compute: submit a study's apps to an endpoint (e.g. on Perlmutter, configs/perlmutter/
+endpoint.yaml) through `globus_compute_sdk.Executor(endpoint_id=...)`, wrapped in Parsl's
+GlobusComputeExecutor so the same DAG runs unchanged.
+
+Fail fast, never prompt: before anything is built, `check_login()` asks the SDK's GlobusApp
+whether a login is needed (no network, instant) and `check_endpoint()` asks the service for the
+endpoint's status with a bounded HTTP timeout (GLOBUS_SDK_HTTP_TIMEOUT). Either failing raises
+GlobusUnavailable with what to do.
+
+`LocalEngineExecutor` stands in for the service in tests: it packs each submission exactly as
+the SDK and the web service do (ComputeSerializer for function, args and kwargs, pack_buffers,
+a messagepack Task) and hands it to a real GlobusComputeEngine (HTEX inside, LocalProvider or
+SlurmProvider) started on this machine; results come back as messagepack Results and are
+unpacked as the SDK does. Everything from serialisation to the engine's workers is real; only
+the web service (AMQP queues, function registry) is skipped.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+HTTP_TIMEOUT_S = "20"  # GLOBUS_SDK_HTTP_TIMEOUT: an unreachable service fails in seconds
+
+
+class GlobusUnavailable(RuntimeError):
+    """No usable Globus Compute: not logged in, service unreachable, endpoint offline."""
+
+
+LOGIN_HINT = ("log in once on a terminal: `python -c 'from globus_compute_sdk import Client; "
+              "Client()'` (or `globus-compute-endpoint login`), or set GLOBUS_COMPUTE_CLIENT_ID "
+              "and GLOBUS_COMPUTE_CLIENT_SECRET for a client identity")
+
+
+def check_login() -> None:
+    """Raises GlobusUnavailable if the SDK would need an interactive login (no network used)."""
+    os.environ.setdefault("GLOBUS_SDK_HTTP_TIMEOUT", HTTP_TIMEOUT_S)
+    try:
+        from globus_compute_sdk.sdk.auth.globus_app import get_globus_app
+    except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
+        raise GlobusUnavailable(f"globus-compute-sdk is not installed ({exc})") from None
+    try:
+        app = get_globus_app()
+        needed = app.login_required()
+    except Exception as exc:  # bad client env vars, unreadable token storage
+        raise GlobusUnavailable(f"Globus Compute credentials unusable: {exc}; {LOGIN_HINT}") from None
+    if needed:
+        raise GlobusUnavailable(f"Globus Compute needs a login on this machine; {LOGIN_HINT}")
+
+
+def check_endpoint(endpoint_id: str) -> dict:
+    """The endpoint's status from the service; raises GlobusUnavailable when the service cannot
+    be reached (bounded by GLOBUS_SDK_HTTP_TIMEOUT) or the endpoint is not online."""
+    os.environ.setdefault("GLOBUS_SDK_HTTP_TIMEOUT", HTTP_TIMEOUT_S)
+    from globus_compute_sdk import Client
+
+    try:
+        client = Client(do_version_check=False)
+        status = client.get_endpoint_status(endpoint_id)
+    except Exception as exc:  # globus_sdk.NetworkError, GlobusAPIError (404, 403), ...
+        kind = type(exc).__name__
+        raise GlobusUnavailable(f"cannot reach Globus Compute for endpoint {endpoint_id} "
+                                f"({kind}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''})"
+                                ) from None
+    state = (status or {}).get("status")
+    if state != "online":
+        raise GlobusUnavailable(f"endpoint {endpoint_id} is {state or 'unknown'}: start it "
+                                "(`globus-compute-endpoint start <name>` on the login node)")
+    return status
+
+
+def sdk_executor(endpoint_id: str):
+    """The SDK executor for Parsl's GlobusComputeExecutor, after the fail-fast checks."""
+    check_login()
+    check_endpoint(endpoint_id)
+    from globus_compute_sdk import Executor
+
+    return Executor(endpoint_id=endpoint_id)
+
+
+# -- the local stand-in for the service ---------------------------------------------------------
+
+def pack_task(fn, args: tuple, kwargs: dict, task_id: uuid.UUID | None = None,
+              serde=None) -> tuple[uuid.UUID, bytes]:
+    """A task exactly as the endpoint receives it: a messagepack Task whose buffer holds the
+    function, args and kwargs, each serialised by the SDK's ComputeSerializer."""
+    from globus_compute_common import messagepack
+    from globus_compute_common.messagepack.message_types import Task
+    from globus_compute_sdk.serialize import ComputeSerializer
+
+    serde = serde or ComputeSerializer()
+    task_id = task_id or uuid.uuid4()
+    buf = serde.pack_buffers([serde.serialize(fn), serde.serialize(args), serde.serialize(kwargs)])
+    return task_id, messagepack.pack(Task(task_id=task_id, task_buffer=buf))
+
+
+def unpack_result(packed: bytes, serde=None) -> Any:
+    """The SDK's view of a Result: the value, or TaskExecutionFailed for an error."""
+    from globus_compute_common import messagepack
+    from globus_compute_sdk.errors import TaskExecutionFailed
+    from globus_compute_sdk.serialize import ComputeSerializer
+
+    res = messagepack.unpack(packed)
+    if res.is_error:
+        raise TaskExecutionFailed(res.data)
+    return (serde or ComputeSerializer()).deserialize(res.data)
+
+
+def start_local_engine(run_dir: str | Path, provider=None, max_workers: int = 1,
+                       engine_cls=None, **engine_kwargs):
+    """A real GlobusComputeEngine on this machine (LocalProvider unless `provider` given)."""
+    from globus_compute_endpoint.engines import GlobusComputeEngine
+    from parsl.providers import LocalProvider
+
+    engine_cls = engine_cls or GlobusComputeEngine
+    provider = provider or LocalProvider(init_blocks=1, min_blocks=0, max_blocks=1)
+    kwargs = dict(address="127.0.0.1", provider=provider, encrypted=False, **engine_kwargs)
+    if engine_cls is GlobusComputeEngine:
+        kwargs.setdefault("max_workers_per_node", max_workers)
+    engine = engine_cls(**kwargs)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    engine.start(endpoint_id=uuid.uuid4(), run_dir=str(run_dir))
+    return engine
+
+
+def _sdk_executor_base():
+    from globus_compute_sdk import Executor
+
+    return Executor
+
+
+class LocalEngineExecutor(_sdk_executor_base()):  # type: ignore[misc]
+    """globus_compute_sdk.Executor look-alike that submits to a local engine (no service).
+    Parsl's GlobusComputeExecutor accepts it (it is an SDK Executor subclass)."""
+
+    def __init__(self, engine, serde=None):  # noqa: D107 - the SDK's __init__ needs a login
+        from globus_compute_sdk.serialize import ComputeSerializer
+
+        self.engine = engine
+        self.serde = serde or ComputeSerializer()
+        self.resource_specification: dict | None = None
+        self.user_endpoint_config: dict | None = None
+        self.endpoint_id = uuid.uuid4()
+        self._lock = threading.Lock()
+        self._futures: set[cf.Future] = set()
+        self.submitted = 0
+
+    def submit(self, fn, *args, **kwargs):  # type: ignore[override]
+        from globus_compute_endpoint.engines.base import GCFuture
+
+        task_id, packed = pack_task(fn, args, kwargs, serde=self.serde)
+        out: cf.Future = cf.Future()
+        engine_f = GCFuture(task_id)
+
+        def done(f: cf.Future) -> None:
+            try:
+                out.set_result(unpack_result(f.result(), self.serde))
+            except BaseException as exc:  # TaskExecutionFailed, engine failures
+                out.set_exception(exc)
+            with self._lock:
+                self._futures.discard(out)
+
+        engine_f.add_done_callback(done)
+        with self._lock:
+            self._futures.add(out)
+            self.submitted += 1
+        self.engine.submit(engine_f, packed, resource_specification=dict(
+            self.resource_specification or {}))
+        return out
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:  # type: ignore[override]
+        with self._lock:
+            futs = list(self._futures)
+        for f in futs:
+            if cancel_futures:
+                f.cancel()
+
+    def _get_result_watcher(self):  # Parsl's GlobusComputeExecutor.shutdown calls this
+        return _NoWatcher()
+
+
+class _NoWatcher:
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass

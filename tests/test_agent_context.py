@@ -1,0 +1,117 @@
+"""ContextBuilder: static facts, window, history and prompt variants."""
+import json
+
+import pytest
+
+from rudder.agent.context import VARIANTS, ContextBuilder, direction, hindsight_example
+from rudder.agent.messages import Answer, HistoryEntry, answer_schema, budget_rows
+from rudder.prefetch.policy import RunContext
+
+
+def ctx(**kw):
+    base = dict(rank=1, num_trainers=4, part_id=1, num_parts=4, num_nodes=200_000, partition_nodes=50_000,
+                halo_nodes=40_000, capacity=10_000, batch_size=1000, fanouts=[10, 25], steps_per_epoch=50,
+                epochs=3, feat_dim=100, feat_bytes=400, window=10, lookahead=3)
+    base.update(kw)
+    return RunContext(**base)
+
+
+WINDOW = {"window": 5, "first_step": 50, "last_step": 59, "minibatches": 10, "hit_rate": 0.31,
+          "remote_rows": 120_000, "fetched_rows": 82_800, "replaced_rows": 0, "t_fetch": 0.4, "t_stall": 0.0,
+          "t_minibatch": 0.1, "buffer_fill": 10_000, "stale_slots": 7_000, "lookahead_missing": 9_000,
+          "lookahead_rows": 1_500}
+
+
+def test_static_context_has_run_facts_and_budgets():
+    b = ContextBuilder(ctx(), "reason-first")
+    s = b.system
+    for needle in ["200,000 nodes", "4 partitions", "rank 1 of 4", "40,000", "10,000 rows", "25% of halo",
+                   "fanouts 10,25", "50 minibatches per epoch", "next 3 minibatches", "hit_rate",
+                   "Rules of thumb"]:
+        assert needle in s, needle
+    assert f"small {budget_rows('small', 10_000):,} rows" in s and "large 1,500" in s
+
+
+def test_window_lines_trend_and_lookahead():
+    b = ContextBuilder(ctx(), "reason-first")
+    text = b.render_window(WINDOW, [0.45, 0.38])
+    assert "minibatches 50-59 (60 of 150 done)" in text
+    assert "hit_rate 31.0%, falling (-7.0 pt" in text
+    assert "fetched rows per minibatch 8,280 of 12,000" in text
+    assert "stale slots 7,000 of 10,000 (70%)" in text
+    assert "need 9,000 remote nodes not in the buffer (90% of capacity)" in text
+    assert "would fetch 1,500 rows" in text
+    no_la = ContextBuilder(ctx(lookahead=0), "reason-first")
+    assert "lookahead:" not in no_la.render_window(WINDOW)
+    assert "lookahead off" in no_la.system
+
+
+def test_variants_schema_order_and_examples():
+    zs = ContextBuilder(ctx(), "zero-shot").build(WINDOW)
+    assert list(zs.schema["properties"])[0] == "replace" and list(zs.schema["properties"])[-1] == "reason"
+    assert len(zs.messages) == 2  # system + user, no examples
+    rf = ContextBuilder(ctx(), "reason-first").build(WINDOW)
+    assert list(rf.schema["properties"])[0] == "reason"
+    d = ContextBuilder(ctx(), "default").build(WINDOW)
+    assert [m["role"] for m in d.messages] == ["system"] + ["user", "assistant"] * 4 + ["user"]
+    for m in d.messages[2:-1:2]:
+        a = json.loads(m["content"])
+        Answer.model_validate(a)
+        assert list(a)[0] == "reason"
+    labels = [json.loads(m["content"])["replace"] for m in d.messages[2:-1:2]]
+    assert labels != [True, False, True, False] and set(labels) == {True, False}
+    assert "signals:" in ContextBuilder(ctx(), "signals").build(WINDOW).messages[-1]["content"]
+    with pytest.raises(ValueError, match="valid: zero-shot"):
+        ContextBuilder(ctx(), "nope")
+
+
+def test_prompt_hash_identifies_design_not_data():
+    a = ContextBuilder(ctx(), "default").build(WINDOW)
+    b = ContextBuilder(ctx(capacity=5), "default").build({**WINDOW, "hit_rate": 0.9})
+    c = ContextBuilder(ctx(), "zero-shot").build(WINDOW)
+    assert a.hash == b.hash != c.hash
+    assert set(VARIANTS) >= {"zero-shot", "reason-first", "default"}
+
+
+def test_history_rendered_with_outcomes_and_used_as_examples():
+    judged = dict(WINDOW, window=3, hit_rate=0.30)
+    h = [
+        HistoryEntry(decision=1, window=3, replace=True, budget="medium", rows=500, expected_hit_rate="up",
+                     expected_remote_rows="down", hit_delta=0.04, rows_delta=-0.08, outcome_hit_rate="up",
+                     outcome_remote_rows="down", correct=True, judged=judged),
+        HistoryEntry(decision=2, window=4, fallback="static"),
+        HistoryEntry(decision=3, window=5, replace=False, budget="small", expected_hit_rate="flat",
+                     expected_remote_rows="flat"),
+    ]
+    p = ContextBuilder(ctx(), "default", history=4).build(WINDOW, h, [0.4])
+    user = p.messages[-1]["content"]
+    assert "#1 on window 3: replace (medium, 500 rows)" in user
+    assert "measured hit_rate +4.0 pt (up), fetched rows -8% (down); prediction correct" in user
+    assert "#2 on window 4: no valid answer, static applied" in user
+    assert "#3 on window 5: keep" in user and "outcome pending" in user
+    # the judged window of #1 became an in-context example, labelled by hindsight (replace paid)
+    ex_users = [m["content"] for m in p.messages[1:-1:2]]
+    assert any("Window 3" in u for u in ex_users)
+    assert len(p.messages) == 1 + 2 * 4 + 1
+    # history_k limits what is shown
+    p1 = ContextBuilder(ctx(), "reason-first", history=1).build(WINDOW, h)
+    assert "#1 on" not in p1.messages[-1]["content"] and "#3 on" in p1.messages[-1]["content"]
+
+
+def test_hindsight_labels():
+    base = dict(decision=1, window=1, judged=WINDOW, correct=False, outcome_remote_rows="up")
+    assert hindsight_example(HistoryEntry(replace=True, budget="large", outcome_hit_rate="up", **base))["replace"]
+    assert not hindsight_example(HistoryEntry(replace=True, outcome_hit_rate="flat", **base))["replace"]
+    assert not hindsight_example(HistoryEntry(replace=False, outcome_hit_rate="up", **base))["replace"]
+    assert hindsight_example(HistoryEntry(replace=False, outcome_hit_rate="down", **base)) is None
+
+
+def test_direction_tolerance():
+    assert direction(0.009, 0.01) == "flat" and direction(0.011, 0.01) == "up"
+    assert direction(-0.03, 0.02) == "down" and direction(None, 0.01) is None
+
+
+def test_context_from_dict_fills_missing():
+    b = ContextBuilder({"capacity": 100, "halo_nodes": 400, "lookahead": 2}, "default")
+    assert "100 rows (25% of halo)" in b.system
+    assert answer_schema(True)["required"][0] == "reason"

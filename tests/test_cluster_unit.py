@@ -1,0 +1,243 @@
+"""LocalCluster mechanics without DGL: names and subnets, the supervisor's failure handling and
+teardown, stale cleanup. A fake "server" (listens on the DGL port, sleeps) stands in for DGL, so
+these run in seconds; the real DistDGL runs are in test_cluster_dgl.py."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rudder.cluster import ClusterError, ClusterSpec, LocalCluster, cleanup_stale, netns_available
+from rudder.cluster import netns as nets
+from rudder.cluster.exits import describe_exit
+
+FAKE_SERVER = textwrap.dedent("""
+    import os, socket, sys, time
+    m = int(os.environ["RUDDER_MACHINE_ID"])
+    addr, port = open(os.environ["DGL_IP_CONFIG"]).read().splitlines()[m].split()
+    assert addr == os.environ["RUDDER_MACHINE_ADDR"]
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, int(port)))
+    s.listen(8)
+    time.sleep(float(os.environ.get("FAKE_SERVER_LIFE", "0.5")))
+""")
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="network namespaces need root")
+
+
+@pytest.fixture
+def fake(tmp_path):
+    server = tmp_path / "fake_server.py"
+    server.write_text(FAKE_SERVER)
+    part = tmp_path / "part.json"
+    part.write_text("{}")
+    return {"server_argv": [sys.executable, str(server)], "part": part}
+
+
+def leftovers(tag: str, run_dir: Path) -> list[str]:
+    """Namespaces, links and processes of one cluster still on the host."""
+    found = []
+    if tag:
+        ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        found += [f"netns {line}" for line in ns.splitlines() if tag in line]
+        found += [f"link {line.split(':')[1]}" for line in links.splitlines() if tag in line]
+    procs = subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True, text=True).stdout
+    found += [f"process {line}" for line in procs.splitlines()]
+    return found
+
+
+# -- pure functions -----------------------------------------------------------------------------
+
+
+def test_names_fit_ifnamsiz_and_carry_the_id():
+    net = nets.ClusterNet("a1b2c3", "rdr", 12, "10.20.30.0/24")
+    names = [net.bridge] + [f(i) for i in range(12) for f in (net.host_veth, net.ns_veth)]
+    assert all(len(n) <= nets.IFNAME_MAX for n in names)
+    assert all(n.startswith("rdra1b2c3") for n in names + net.namespaces)
+    assert net.addresses[:2] == ["10.20.30.1", "10.20.30.2"]
+    assert net.bridge_address == "10.20.30.254"
+
+
+def test_pick_subnet_avoids_used_networks():
+    first = nets.pick_subnet("abcdef", [])
+    used = [ipaddress.ip_network(first), ipaddress.ip_network("10.0.0.0/9")]
+    second = nets.pick_subnet("abcdef", used)
+    assert second != first
+    assert not any(ipaddress.ip_network(second).overlaps(u) for u in used)
+    assert nets.pick_subnet("abcdef", []) == first  # deterministic per id
+
+
+def test_prefix_and_spec_validation():
+    with pytest.raises(ValueError):
+        nets.check_prefix("toolong")
+    with pytest.raises(ValueError):
+        ClusterSpec(machines=0)
+    spec = ClusterSpec.from_config({"machines": 3, "bandwidth": "1gbit", "unknown": 1})
+    assert (spec.machines, spec.bandwidth) == (3, "1gbit")
+
+
+def test_describe_exit():
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(-9) == "was killed by signal SIGKILL"
+
+
+def test_several_machines_without_netns_is_a_clear_error(tmp_path):
+    with pytest.raises(ClusterError, match="one machine only"):
+        LocalCluster(ClusterSpec(machines=2, netns=False), tmp_path).start()
+
+
+def test_netns_available_answers():
+    ok, why = netns_available()
+    assert isinstance(ok, bool) and why
+    assert ok == ROOT or "root" not in why
+
+
+# -- one machine on loopback (no root needed) ---------------------------------------------------
+
+
+def loopback(tmp_path, **kw) -> LocalCluster:
+    kw = {"machines": 1, "trainers_per_machine": 2, "netns": False, "start_timeout_s": 10,
+          "run_timeout_s": 20, "kill_grace_s": 1, **kw}
+    return LocalCluster(ClusterSpec(**kw), tmp_path / "run")
+
+
+def test_loopback_run_ok_with_env_and_logs(tmp_path, fake):
+    script = ('echo "$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $DGL_ROLE $DGL_NUM_CLIENT '
+              '$RUDDER_MACHINE_ADDR $GLOO_SOCKET_IFNAME $EXTRA"')
+    with loopback(tmp_path) as cluster:
+        assert cluster.addresses == ["127.0.0.1"]
+        res = cluster.run(fake["part"], ["sh", "-c", script], env={"EXTRA": "x"},
+                          server_argv=fake["server_argv"])
+    assert res.ok, res.summary()
+    assert res.startup_s is not None and res.startup_s < res.wall_s
+    assert res.exit_codes == {"machine0/server": 0, "machine0/trainer0": 0,
+                              "machine0/trainer1": 0}
+    out = Path(res.logs["machine0/trainer1"]).read_text().split()
+    assert out == ["1", "2", "1", "127.0.0.1", "client", "2", "127.0.0.1", "lo", "x"]
+    ip_config = (tmp_path / "run" / "ip_config.txt").read_text().split()
+    assert ip_config[0] == "127.0.0.1"
+    saved = json.loads((tmp_path / "run" / "cluster" / "result.json").read_text())
+    assert saved["ok"] is True
+    assert not leftovers("", tmp_path / "run")
+
+
+def test_loopback_trainer_crash_ends_run_with_its_name(tmp_path, fake):
+    script = 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; sleep 600'
+    t0 = time.monotonic()
+    with loopback(tmp_path) as cluster:
+        res = cluster.run(fake["part"], ["sh", "-c", script],
+                          server_argv=fake["server_argv"], env={"FAKE_SERVER_LIFE": "600"})
+    assert time.monotonic() - t0 < 10
+    assert not res.ok
+    assert res.reason == "trainer 1 on machine 0 exited with code 3"
+    codes = res.exit_codes
+    assert codes["machine0/trainer1"] == 3 and codes["machine0/trainer0"] == -signal.SIGTERM
+    assert not leftovers("", tmp_path / "run")
+
+
+def test_loopback_run_timeout_kills_what_ignores_sigterm(tmp_path, fake):
+    t0 = time.monotonic()
+    with loopback(tmp_path, run_timeout_s=2) as cluster:
+        res = cluster.run(fake["part"], ["sh", "-c", 'trap "" TERM; sleep 600'],
+                          server_argv=fake["server_argv"])
+    assert time.monotonic() - t0 < 10
+    assert not res.ok and res.reason.startswith("timeout after 2 s (still running: trainer 0")
+    assert res.exit_codes["machine0/trainer0"] == -signal.SIGKILL
+    assert not leftovers("", tmp_path / "run")
+
+
+def test_loopback_start_timeout_names_the_server(tmp_path, fake):
+    with loopback(tmp_path, start_timeout_s=2) as cluster:
+        res = cluster.run(fake["part"], ["true"], server_argv=["sleep", "600"])
+    assert not res.ok
+    assert "start-up timeout on machine 0" in res.reason and "not listening" in res.reason
+    assert res.exit_codes["machine0/trainer0"] is None  # never started
+    assert res.startup_s is None
+
+
+def test_loopback_service_started_before_trainers_and_stopped_after(tmp_path, fake):
+    service = ["sh", "-c", 'touch "$RUDDER_READY_FILE"; echo "$RUDDER_MACHINE_ADDR"; sleep 600']
+    trainer = ["sh", "-c", 'test -e "$RUDDER_RUN_DIR/cluster/ready/service0.0"']
+    with loopback(tmp_path, wait_services=True) as cluster:
+        res = cluster.run(fake["part"], trainer, service_argv=service,
+                          server_argv=fake["server_argv"])
+    assert res.ok, res.summary()
+    svc = next(p for p in res.processes if p.role == "service")
+    assert svc.stopped and svc.returncode == -signal.SIGTERM
+    assert Path(svc.log).read_text().strip() == "127.0.0.1"
+
+
+def test_keyboard_interrupt_tears_down(tmp_path, fake):
+    cluster = loopback(tmp_path)
+    cluster.start()
+    orig = cluster._watch
+
+    def interrupted(*a, **kw):
+        time.sleep(0.5)
+        raise KeyboardInterrupt
+
+    cluster._watch = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        cluster.run(fake["part"], ["sleep", "600"], server_argv=fake["server_argv"])
+    cluster._watch = orig
+    cluster.close()
+    assert not leftovers("", tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "cluster" / "result.json").read_text())
+    assert saved["reason"].startswith("interrupted (KeyboardInterrupt")
+
+
+# -- namespaces (root) --------------------------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.netns
+def test_two_machine_crash_tears_down_everything(tmp_path, fake):
+    spec = ClusterSpec(machines=2, trainers_per_machine=1, start_timeout_s=10, run_timeout_s=20,
+                       kill_grace_s=1, bandwidth="100mbit")
+    script = 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; sleep 600'
+    t0 = time.monotonic()
+    with LocalCluster(spec, tmp_path / "run") as cluster:
+        tag = cluster.net.tag
+        assert cluster.addresses[0] != cluster.addresses[1]
+        qd = subprocess.run(["tc", "qdisc", "show", "dev", cluster.net.host_veth(1)],
+                            capture_output=True, text=True).stdout
+        assert "tbf" in qd and "100Mbit" in qd
+        res = cluster.run(fake["part"], ["sh", "-c", script], server_argv=fake["server_argv"],
+                          env={"FAKE_SERVER_LIFE": "600"})
+    assert time.monotonic() - t0 < 15
+    assert res.reason == "trainer 1 on machine 1 exited with code 3", res.summary()
+    assert not leftovers(tag, tmp_path / "run")
+
+
+@needs_root
+@pytest.mark.netns
+def test_cleanup_stale_removes_a_dead_owners_network(tmp_path):
+    # An owner that builds a network and dies without tearing down (os._exit skips atexit).
+    code = ("from rudder.cluster import netns as n, local; import os, sys; "
+            "net = n.create_network(2, 'rdt'); print(net.tag, flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    tag = out.stdout.strip()
+    assert tag.startswith("rdt"), out.stderr
+    assert leftovers(tag, tmp_path)  # it is really there
+    # Processes inside a stale namespace are killed too.
+    sleeper = subprocess.Popen(["ip", "netns", "exec", f"{tag}m0", "sleep", "600"])
+    time.sleep(0.2)
+    try:
+        assert tag in cleanup_stale("rdt")
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+    assert not leftovers(tag, tmp_path)
+    assert not (nets.state_dir() / f"{tag}.json").exists()

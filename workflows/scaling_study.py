@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""Run a Rudder scaling study as a Parsl DAG.
+
+    python workflows/scaling_study.py                  # the embedded default study, locally
+    python workflows/scaling_study.py --dry-run        # print the DAG, run nothing
+    python workflows/scaling_study.py --study configs/studies/my.yaml \\
+        --execution configs/perlmutter/gpu.yaml        # on Perlmutter (inside or from a login node)
+    python workflows/scaling_study.py --execution configs/perlmutter/gpu.yaml \\
+        --endpoint 4b116d3c-...                        # through a Globus Compute endpoint
+
+Each dataset is staged once, each (dataset, machines) partitioned once; the runs go as fast as
+the executors allow; each run is collected into DuckDB as it ends (one writer at a time); the
+report is written at the end. Rerunning the same command skips runs that completed and reruns
+those that failed (runs are keyed by their config hash). Exit code: 0 when every run completed,
+1 when some failed, 2 on a bad config or an unusable Globus Compute, 130 when interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python workflows/scaling_study.py` from anywhere
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_STUDY = REPO / "configs" / "studies" / "local_default.yaml"
+DEFAULT_EXECUTION = REPO / "configs" / "local.yaml"
+
+log = logging.getLogger("rudder.workflow")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="scaling_study.py",
+        description="Run a Rudder scaling study (datasets x machines x trainers x policies x "
+                    "repeats) as a Parsl DAG: stage -> partition -> train -> collect -> report.",
+        epilog="Study files: configs/studies/*.yaml. Execution files: configs/local.yaml, "
+               "configs/perlmutter/{cpu,gpu}.yaml. Results: SQL over the DuckDB file, e.g. "
+               "`rudder query --db runs/<study>/results.duckdb speedup`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--study", default=str(DEFAULT_STUDY), metavar="FILE",
+                   help="study YAML (default: %(default)s)")
+    p.add_argument("--execution", default=str(DEFAULT_EXECUTION), metavar="FILE",
+                   help="execution YAML: where and how runs execute, plus run defaults "
+                        "(default: %(default)s)")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="run directories go to DIR/<study>/<run id>/ (default: %(default)s)")
+    p.add_argument("--db", metavar="FILE",
+                   help="DuckDB results file (default: RUNS_DIR/<study>/results.duckdb)")
+    p.add_argument("--report-dir", metavar="DIR",
+                   help="report folder (default: RUNS_DIR/<study>/report)")
+    p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    p.add_argument("--dry-run", action="store_true", help="print the DAG and exit")
+    p.add_argument("--endpoint", metavar="UUID",
+                   help="submit every app to this Globus Compute endpoint (paths then name "
+                        "the endpoint's filesystem; use absolute ones)")
+    p.add_argument("--retries", type=int, metavar="N",
+                   help="Parsl retries of a failed app (default: the execution file's)")
+    p.add_argument("--rerun", action="store_true",
+                   help="run every run again, even those already complete")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a run config key for every run, e.g. --set train.epochs=1 "
+                        "(repeatable; part of each run's config hash)")
+    p.add_argument("--no-live", action="store_true",
+                   help="log lines instead of the live panel (automatic when not a terminal)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def parse_sets(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+def load_inputs(args):
+    """(study, execution config) from the files and flags; ConfigError on anything invalid."""
+    from rudder.config import load_yaml
+    from rudder.workflow.execution import split_execution_file, with_endpoint
+    from rudder.workflow.study import expand, parse_study, set_dotted
+
+    ex, base = split_execution_file(args.execution)
+    if args.retries is not None:
+        if args.retries < 0:
+            raise ValueError("--retries must be >= 0")
+        ex = ex.model_copy(update={"retries": args.retries})
+    if args.endpoint:
+        ex = with_endpoint(ex, args.endpoint)
+    cfg = parse_study(load_yaml(args.study), args.study)
+    run = dict(cfg.run)
+    for key, value in parse_sets(args.set).items():
+        set_dotted(run, key, value)
+    cfg = cfg.model_copy(update={"run": run})
+    study = expand(cfg, base, args.study, runs_dir=args.runs_dir)
+    return study, ex
+
+
+def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
+              remote: bool = False, rerun: bool = False, execution_source: str = "",
+              app_overrides: dict | None = None, view=None, globus_executor_factory=None):
+    """Builds the DAG, runs it with Parsl, returns the StudyDAG (states, summary)."""
+    import parsl
+
+    from apps import make_apps
+    from rudder.workflow.dag import StudyDAG
+    from rudder.workflow.execution import build_parsl_config, prepare_environment
+
+    dag = StudyDAG(study, ex, runs_dir, db, report_dir, remote=remote, rerun=rerun)
+    prepare_environment(REPO)
+    config = build_parsl_config(ex, globus_executor_factory=globus_executor_factory)
+    dfk = parsl.load(config)
+    try:
+        apps = make_apps(ex.route, app_overrides)
+        dag.submit(apps)
+        dag.watch(apps, view)
+    finally:
+        dfk.cleanup()
+        parsl.clear()
+    return dag
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s")
+    logging.getLogger("rudder").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+
+    from rich.console import Console
+
+    from rudder.config import ConfigError
+
+    console = Console(stderr=False)
+    try:
+        study, ex = load_inputs(args)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"scaling_study: {exc}", file=sys.stderr)
+        return 2
+    runs_dir = args.runs_dir
+    study_dir = Path(runs_dir) / study.name
+    db = args.db or str(study_dir / "results.duckdb")
+    report_dir = None if args.no_report else (args.report_dir or str(study_dir / "report"))
+    remote = bool(args.endpoint) or ex.is_remote()
+
+    from rudder.workflow.dag import StudyDAG
+
+    if args.dry_run:
+        dag = StudyDAG(study, ex, runs_dir, db, report_dir, remote=remote, rerun=args.rerun)
+        print(dag.describe(args.execution))
+        return 0
+    if remote:
+        from rudder.workflow.globus import GlobusUnavailable, check_login
+
+        try:  # before Parsl starts anything: no prompt, no hang
+            check_login()
+        except GlobusUnavailable as exc:
+            print(f"scaling_study: {exc}", file=sys.stderr)
+            return 2
+
+    from rudder.workflow.view import StudyView, summary_table
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    view = StudyView(console, live=False if args.no_live else None)
+    try:
+        with view:
+            dag = run_study(study, ex, runs_dir, db, report_dir, remote=remote,
+                            rerun=args.rerun, execution_source=args.execution, view=view)
+    except KeyboardInterrupt as exc:
+        print(f"scaling_study: interrupted ({exc or 'Ctrl-C'}); completed runs are kept, "
+              "rerun the same command to resume", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from rudder.workflow.globus import GlobusUnavailable
+
+        if isinstance(exc, GlobusUnavailable):
+            print(f"scaling_study: {exc}", file=sys.stderr)
+            return 2
+        raise
+    console.print(summary_table(dag))
+    c = dag.counts()
+    console.print(f"{c['done']} done, {c['skipped']} skipped (complete earlier), "
+                  f"{c['failed']} failed; results {db}"
+                  + (f"; report {report_dir}/report.md" if report_dir and not dag.report_error
+                     else ""), highlight=False)
+    if not remote:
+        dag.write_summary(study_dir / "study.json")
+    return 0 if dag.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
