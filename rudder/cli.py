@@ -18,6 +18,7 @@ AREAS = [
     "rudder.run_cli",
     "rudder.prefetch.cli",
     "rudder.agent.cli",
+    "rudder.agent.classifiers_cli",
     "rudder.sim.cli",
     "rudder.results.cli",
 ]

@@ -35,6 +35,7 @@ class Minibatch:
     t_sample: float
     window: dict | None = None  # the window record this minibatch closed, if any
     stall: float = 0.0  # seconds the training thread waited for this minibatch
+    mismatched_rows: int = 0  # check mode: rows that differ from a direct pull
 
 
 @dataclass
@@ -64,6 +65,7 @@ class MinibatchPipeline:
         lookahead: int,
         queue_size: int = 2,
         trace_writer=None,
+        check: bool = False,
     ):
         self.sample_iter_factory = sample_iter_factory
         self.feats = feats
@@ -74,6 +76,7 @@ class MinibatchPipeline:
         self.epochs = epochs
         self.lookahead = lookahead
         self.trace_writer = trace_writer
+        self.check = check  # compare every assembled row with a plain pull (an extra RPC)
         self.state = PipelineState()
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
@@ -144,6 +147,9 @@ class MinibatchPipeline:
                 self.trace_writer.add(epoch, remote)
             x, stats = self.feats.fetch(input_nodes, plan, future)
             y = self.labels[seeds]
+            bad = 0
+            if self.check:  # here, not in the training thread: DGL RPC stays on one thread
+                bad = int((x != self.feats.dist_feat[input_nodes]).any(dim=1).sum())
             record = {
                 "epoch": epoch, "step": step, "global_step": gstep, "t_sample": t_sample,
                 **stats.as_dict(),
@@ -152,7 +158,8 @@ class MinibatchPipeline:
             }
             window = self.collector.add(record, self._buffer_state(future))
             self.policy.observe(record, window)
-            self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample, window))
+            self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
+                                  window, mismatched_rows=bad))
 
     def _buffer_state(self, future: list[torch.Tensor]) -> dict:
         buf = self.feats.buffer

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     train_loader = loader_for(train_nids, True)
     # DDP needs the same number of steps on every rank.
-    steps = torch.tensor([len(train_loader)])
+    steps = torch.tensor([(train_nids.numel() + tc.batch_size - 1) // tc.batch_size])
     torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
     steps_per_epoch = int(steps)
     if tc.max_steps_per_epoch:
@@ -110,20 +110,21 @@ def main(argv: list[str] | None = None) -> int:
         capacity=capacity, batch_size=tc.batch_size, fanouts=list(tc.fanouts),
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=feat_dim,
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead,
-        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name},
+        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed},
     )
     policy.setup(ctx)
     trace = None
-    if pc.record_trace and buffer is not None:
+    if pc.record_trace:  # also without a buffer: the oracle says what one would have saved
         from rudder.sim.trace import TraceWriter
 
-        trace = TraceWriter(args.run_dir / f"trace-r{rank}.npz", halo=halo, init=buffer.contents(),
+        init = buffer.contents() if buffer is not None else torch.empty(0, dtype=torch.int64)
+        trace = TraceWriter(args.run_dir / f"trace-r{rank}.npz", halo=halo, init=init,
                             capacity=capacity, feat_bytes=feats.row_bytes, part_id=part_id,
                             num_parts=pb.num_partitions())
     lookahead = pc.lookahead if pc.policy.startswith(("lookahead", "agent", "classifier")) else 0
     pipe = MinibatchPipeline(
         lambda epoch: train_loader, feats, labels, policy, MetricsCollector(pc.window),
-        steps_per_epoch, tc.epochs, lookahead, trace_writer=trace,
+        steps_per_epoch, tc.epochs, lookahead, trace_writer=trace, check=args.check or tc.check_features,
     )
     out = {k: JsonlWriter(args.run_dir / f"{k}-r{rank}.jsonl") for k in ("minibatches", "epochs", "windows", "decisions")}
     (args.run_dir / f"context-r{rank}.json").write_text(json.dumps(ctx.__dict__, default=str))
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.error("RUDDER_FAULT: rank %d exits at step %d", rank, fault_step)
                 os._exit(17)
             if check:
-                mismatches += int((mb.feats != feat[mb.input_nodes]).any(dim=1).sum())
+                mismatches += mb.mismatched_rows
                 if len(saved_inputs) < 5:  # for an independent remote count in tests
                     saved_inputs.append((mb.input_nodes.clone(), mb.stats.remote_rows))
             t0 = time.perf_counter()
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         w.close()
     if saved_inputs:
         torch.save(saved_inputs, args.run_dir / f"inputs-r{rank}.pt")
-    summary = {"rank": rank, "part_id": part_id, "mismatched_rows": mismatches, "checked": check}
+    summary = {"rank": rank, "part_id": int(part_id), "mismatched_rows": mismatches, "checked": check}
     (args.run_dir / f"done-r{rank}.json").write_text(json.dumps(summary))
     torch.distributed.barrier()
     dgl.distributed.exit_client()

@@ -24,12 +24,16 @@ WINDOW = {"window": 5, "first_step": 50, "last_step": 59, "minibatches": 10, "hi
 
 def test_static_context_has_run_facts_and_budgets():
     b = ContextBuilder(ctx(), "reason-first")
-    s = b.system
-    for needle in ["200,000 nodes", "4 partitions", "rank 1 of 4", "40,000", "10,000 rows", "25% of halo",
-                   "fanouts 10,25", "50 minibatches per epoch", "next 3 minibatches", "hit_rate",
-                   "Rules of thumb"]:
+    s = b.static_text()
+    for needle in ["200,000 nodes", "4 partitions", "rank 1 of 4", "40,000 halo", "10,000 rows", "25% of halo",
+                   "fanouts 10,25", "50 minibatches per epoch", "next 3 minibatches", "window 10"]:
         assert needle in s, needle
     assert f"small {budget_rows('small', 10_000):,} rows" in s and "large 1,500" in s
+    assert "Rules of thumb" in b.system and "hit_rate" in b.system
+    p = b.build(WINDOW)
+    assert p.messages[-1]["content"].startswith(s)
+    # the system message is the same for every run: its KV cache is reused across calls/ranks
+    assert ContextBuilder(ctx(capacity=7, rank=3), "zero-shot").build(WINDOW).messages[0] == p.messages[0]
 
 
 def test_window_lines_trend_and_lookahead():
@@ -39,11 +43,11 @@ def test_window_lines_trend_and_lookahead():
     assert "hit_rate 31.0%, falling (-7.0 pt" in text
     assert "fetched rows per minibatch 8,280 of 12,000" in text
     assert "stale slots 7,000 of 10,000 (70%)" in text
-    assert "need 9,000 remote nodes not in the buffer (90% of capacity)" in text
+    assert "lookahead missing 9,000 nodes (90% of capacity)" in text
     assert "would fetch 1,500 rows" in text
     no_la = ContextBuilder(ctx(lookahead=0), "reason-first")
     assert "lookahead:" not in no_la.render_window(WINDOW)
-    assert "lookahead off" in no_la.system
+    assert "lookahead off" in no_la.static_text()
 
 
 def test_variants_schema_order_and_examples():
@@ -113,5 +117,5 @@ def test_direction_tolerance():
 
 def test_context_from_dict_fills_missing():
     b = ContextBuilder({"capacity": 100, "halo_nodes": 400, "lookahead": 2}, "default")
-    assert "100 rows (25% of halo)" in b.system
+    assert "100 rows (25% of halo)" in b.static_text()
     assert answer_schema(True)["required"][0] == "reason"

@@ -43,15 +43,20 @@ def make_ctx(batch_size=1000, num_nodes=200_000, lookahead=0, run_dir=None, rank
 
 
 class BufferSim:
-    """Hit rate h decays toward `floor` every minibatch (the buffer goes stale); a replacement
-    moves it part of the way back to `ceil` (more when more rows are replaced) and costs its
-    rows in the same pull. Fetch time is proportional to fetched rows, with noise."""
+    """The hit rate h sits at `ceil` while the access pattern holds; in drift episodes (they
+    start with probability `p_drift` per minibatch and last 20-60 minibatches) the buffer goes
+    stale and h falls by `decay` per minibatch. A replacement moves h part of the way back to
+    `ceil` (more when more rows are replaced) and costs its rows in the same pull. Fetch time is
+    proportional to fetched rows, with noise. So: replacing pays while h is falling or low, and
+    only costs rows while h holds."""
 
-    def __init__(self, ctx: RunContext, *, decay=0.03, floor=0.2, ceil=0.8, seed=0,
-                 row_time=1e-6, noise=0.05):
-        self.ctx, self.decay, self.floor, self.ceil = ctx, decay, floor, ceil
+    def __init__(self, ctx: RunContext, *, decay=0.01, p_drift=0.02, floor=0.2, ceil=0.8,
+                 seed=0, row_time=1e-6, noise=0.05):
+        self.ctx, self.decay, self.p_drift = ctx, decay, p_drift
+        self.floor, self.ceil = floor, ceil
         self.rng = random.Random(seed)
         self.h = ceil
+        self.drift_left = 0
         self.row_time, self.noise = row_time, noise
         self.remote_mean = ctx.batch_size * 12  # remote input rows per minibatch
 
@@ -65,7 +70,7 @@ class BufferSim:
             if r is not None:
                 taken.append(r)
                 replaced = min(r.max_rows or self.ctx.capacity, self.ctx.capacity)
-                self.h += (self.ceil - self.h) * min(1.0, 4.0 * replaced / self.ctx.capacity)
+                self.h += (self.ceil - self.h) * min(1.0, 10.0 * replaced / self.ctx.capacity)
             remote = max(1, int(self.rng.gauss(self.remote_mean, self.remote_mean * 0.02)))
             hits = int(remote * min(1.0, max(0.0, self.h + self.rng.gauss(0, 0.01))))
             misses = remote - hits
@@ -84,7 +89,11 @@ class BufferSim:
                      "buffer_fill": self.ctx.capacity}
                 acc = []
             policy.observe(m, w)
-            self.h = self.floor + (self.h - self.floor) * (1 - self.decay)
+            if self.drift_left == 0 and self.rng.random() < self.p_drift:
+                self.drift_left = self.rng.randint(20, 60)
+            if self.drift_left > 0:
+                self.drift_left -= 1
+                self.h = max(self.floor, self.h - self.decay)
         return taken
 
 
@@ -131,9 +140,9 @@ def rule_data(tmp_path_factory):
     (d / "runA").mkdir()
     (d / "runB").mkdir()
     (d / "held").mkdir()
-    write_rule_trajectories(d / "runA" / "trajectories-r0.jsonl", 500, seed=1)
-    write_rule_trajectories(d / "runB" / "trajectories-r1.jsonl", 500, seed=2)
-    write_rule_trajectories(d / "held" / "trajectories-r0.jsonl", 400, seed=3)
+    write_rule_trajectories(d / "runA" / "trajectories-r0.jsonl", 400, seed=1)
+    write_rule_trajectories(d / "runB" / "trajectories-r1.jsonl", 400, seed=2)
+    write_rule_trajectories(d / "held" / "trajectories-r0.jsonl", 300, seed=3)
     return d
 
 
@@ -194,7 +203,7 @@ def test_collector_writes_both_actions_and_labels(tmp_path):
     decs = pol.decisions()
     assert len(decs) == 60 and all(set(d) == set(DECISION_FIELDS) for d in decs)
     assert decs[-1]["outcome_hit_rate"] is None  # reported at close without an outcome
-    assert all(d["staleness"] == 0 for d in decs[:-1])
+    assert all(d["staleness"] == 1 for d in decs[:-1])  # applied at the next minibatch
     # the same seed gives the same schedule
     _, again = collect(tmp_path, "synth-b", batch_size=1000, num_nodes=200_000, decay=0.03,
                        steps=600)
@@ -210,6 +219,32 @@ def test_collect_every_k_windows(tmp_path):
     assert [d["window"] for d in pol.decisions()] == list(range(2, 30, 3))
 
 
+def test_registry_wiring_for_collect(monkeypatch):
+    """The line the lead adds to rudder.prefetch.policies.REGISTRY, exercised here."""
+    from rudder.prefetch import policies
+
+    monkeypatch.setitem(policies.REGISTRY, "collect",
+                        policies._lazy("rudder.agent.trajectories", "TrajectoryPolicy"))
+    pol = policies.make_policy(PrefetchConfig(policy="collect:2"), agent=None)
+    assert isinstance(pol, TrajectoryPolicy) and pol.decide_every == 2
+    assert policies.make_policy(PrefetchConfig(policy="collect")).decide_every == 1
+    with pytest.raises(ValueError, match="collect:2"):
+        policies.make_policy(PrefetchConfig(policy="collect:often"))
+
+
+def test_load_only_replace_decisions(tmp_path):
+    run_dir, pol = collect(tmp_path, "synth-a", batch_size=1000, num_nodes=200_000,
+                           decay=0.02, steps=400)
+    every = load_trajectories([run_dir])
+    only = load_trajectories([run_dir], actions="replace")
+    assert 0 < len(only) < len(every)
+    assert all(r["action"] == 1 for r in only.records)
+    # relabelling from the raw fields: with a huge margin nothing counts as a change, so
+    # keeping is always right (label 0)
+    relabeled = load_trajectories([run_dir], rule=LabelRule(margin=10.0))
+    assert len(relabeled) == len(every) and not relabeled.y.any()
+
+
 # ---- training -------------------------------------------------------------------------------
 def test_all_five_beat_chance_on_held_out(trained, rule_data):
     out, results = trained
@@ -219,7 +254,7 @@ def test_all_five_beat_chance_on_held_out(trained, rule_data):
     for kind in C.MODEL_KINDS:
         assert (out / f"{kind}.joblib").exists() and (out / f"{kind}.json").exists()
         meta = json.loads((out / f"{kind}.json").read_text())
-        assert meta["feature_names"] == FEATURE_NAMES and meta["samples"] == 1000
+        assert meta["feature_names"] == FEATURE_NAMES and meta["samples"] == 800
         assert meta["cv_accuracy"] > chance + 0.1, kind
         model = C.SavedClassifier.load(kind, out)
         acc = C.evaluate(model, held)["accuracy"]
@@ -246,7 +281,7 @@ def test_cli_train_eval_list(rule_data, tmp_path, capsys):
     classifiers_cli.register(parser.add_subparsers(dest="command"))
     out = tmp_path / "models"
     args = parser.parse_args(["classifiers", "train", "--runs", str(rule_data / "runA"),
-                              str(rule_data / "runB"), "--out", str(out), "--folds", "3",
+                              str(rule_data / "runB"), "--out", str(out), "--folds", "2",
                               "--models", "logreg,rf"])
     assert args.func(args) == 0
     text = capsys.readouterr().out
@@ -287,8 +322,15 @@ def test_policy_replaces_exactly_when_model_says(trained, lookahead):
 
     pol = make_policy(cfg, models_dir=str(out), agent=object())  # agent= is ignored
     said: list[bool] = []
-    real = pol.model.predict
-    pol.model.predict = lambda f: said.append(real(f)) or said[-1]
+    real = pol.model.decide
+
+    def spy_decide(features):
+        replace, score = real(features)
+        assert replace == pol.model.predict(features)  # the model's own answer
+        said.append(replace)
+        return replace, score
+
+    pol.model.decide = spy_decide
     ctx = make_ctx(lookahead=lookahead)
     pol.setup(ctx)
     taken: list[tuple[int, Replace]] = []
@@ -310,7 +352,9 @@ def test_policy_replaces_exactly_when_model_says(trained, lookahead):
     assert len(decs) == len(said) == 60
     assert any(said) and not all(said)
     # the Replace comes at the first plan() after the window that decided it, and only then
-    assert [gs for gs, _ in taken] == [d["decided_step"] for d, s in zip(decs, said) if s]
+    # (the last window's decision has no minibatch left to act on)
+    assert [gs for gs, _ in taken] == [
+        d["decided_step"] + 1 for d, s in zip(decs[:-1], said[:-1]) if s]
     for gs, r in taken:
         assert r.mechanism == ("lookahead" if lookahead else "massivegnn")
         assert r.max_rows == round(0.05 * ctx.capacity) and r.source == "classifier:logreg"
@@ -318,8 +362,10 @@ def test_policy_replaces_exactly_when_model_says(trained, lookahead):
         assert set(d) == set(DECISION_FIELDS)
         assert d["replace"] is s and d["policy"] == "classifier:logreg"
         assert d["model"].startswith("logreg@") and d["fallback"] is None
-        assert d["latency_s"] >= 0 and d["staleness"] == 0
-    for d in decs[:-1]:  # outcome filled one window later
+        assert d["latency_s"] >= 0 and d["raw"] and d["reason"].startswith("score=")
+    for d in decs[:-1]:  # the last one never reached a plan()
+        assert d["staleness"] == 1 and d["applied_step"] == d["decided_step"] + 1
+        # the outcome is filled one window later
         assert d["outcome_hit_rate"] is not None and isinstance(d["correct"], bool)
 
 
@@ -341,19 +387,24 @@ def test_features_match_between_collector_and_policy(tmp_path):
 
 # ---- distribution shift ---------------------------------------------------------------------
 def test_trained_on_one_config_applied_to_another(tmp_path):
-    """Trained on (batch 1000, graph X), run on (batch 250, graph Y): it runs, and its online
-    accuracy (DECISION_FIELDS `correct`, judged by the training label rule) is recorded."""
-    runs = [collect(tmp_path, f"graph-x{i}", batch_size=1000, num_nodes=200_000, decay=0.03,
+    """Trained on (batch 1000, graph X), applied to (batch 250, graph Y, faster drift): the
+    policy runs there, and its accuracy is recorded both online (DECISION_FIELDS `correct`,
+    judged by the training label rule) and offline (`evaluate` on trajectories collected in Y).
+    The numbers are what the lead's real-run version reports; here only their sanity is
+    checked (the synthetic labels are noisy by construction: see LabelRule)."""
+    runs = [collect(tmp_path, f"graph-x{i}", batch_size=1000, num_nodes=200_000, decay=0.01,
                     steps=1500, seed=i)[0] for i in range(2)]
-    data = load_trajectories(runs)
+    y_run, _ = collect(tmp_path, "graph-y", batch_size=250, num_nodes=50_000, decay=0.02,
+                       steps=600, seed=5)
+    data, shifted = load_trajectories(runs), load_trajectories([y_run])
     models = tmp_path / "models"
     C.train_models(data, models, C.MODEL_KINDS, folds=3)
     report = {}
     for kind in C.MODEL_KINDS:
-        accs = {}
+        row = {}
         for shift, (bs, nn, dec, ds) in {
-            "same": (1000, 200_000, 0.03, "graph-x0"),
-            "shifted": (250, 50_000, 0.06, "graph-y"),
+            "same": (1000, 200_000, 0.01, "graph-x0"),
+            "shifted": (250, 50_000, 0.02, "graph-y"),
         }.items():
             pol = C.ClassifierPolicy(PrefetchConfig(window=10, budget=0.05), kind,
                                      models_dir=str(models), dataset=ds)
@@ -363,11 +414,11 @@ def test_trained_on_one_config_applied_to_another(tmp_path):
             pol.close()
             judged = [d["correct"] for d in pol.decisions() if d["correct"] is not None]
             assert len(judged) == 59
-            accs[shift] = sum(judged) / len(judged)
-        report[kind] = accs
-    path = tmp_path / "shift.json"
-    path.write_text(json.dumps(report, indent=2))
+            row[f"online_{shift}"] = sum(judged) / len(judged)
+        row["offline_shifted"] = C.evaluate(C.SavedClassifier.load(kind, models),
+                                            shifted)["accuracy"]
+        report[kind] = row
+    (tmp_path / "shift.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
-    for kind, accs in report.items():
-        assert 0.0 <= accs["shifted"] <= 1.0 and not math.isnan(accs["shifted"])
-        assert accs["same"] > 0.5, (kind, accs)
+    for kind, row in report.items():
+        assert all(0.0 <= v <= 1.0 and not math.isnan(v) for v in row.values()), (kind, row)

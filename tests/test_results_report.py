@@ -41,23 +41,22 @@ def test_report_with_every_section(tmp_path):
     assert "OOM killed" in text and "7 runs: 6 complete, 1 failed." in text
     assert "No agent runs" not in text
 
-    # the study filter: the failed run named no study
-    path = write_report(db, tmp_path / "report-s", study="s")
-    text = path.read_text()
-    assert "study `s`" in text and "OOM killed" not in text
-    assert "None: every collected run completed." in text
-
 
 def test_report_without_agent_runs_says_so(tmp_path):
     root = tmp_path / "runs"
-    write_synthetic_run(root, "none-2", policy="none", epochs=1, steps=5)
-    write_synthetic_run(root, "static-2", policy="static", epochs=1, steps=5)
+    write_synthetic_run(root, "none-2", policy="none", epochs=1, steps=5, study="s")
+    write_synthetic_run(root, "static-2", policy="static", epochs=1, steps=5, study="s")
+    write_synthetic_run(root, "agent-2", policy="agent", epochs=1, steps=5, study="other")
+    write_synthetic_run(root, "dead", policy="fixed", status="failed", reason="OOM killed",
+                        epochs=2, epochs_done=1, steps=5)
     db = tmp_path / "r.duckdb"
     collect(db, root)
     out = tmp_path / "report"
     out.mkdir()
     (out / "decisions.png").write_bytes(PNG)  # stale plot from an earlier report
-    text = write_report(db, out).read_text()
+    text = write_report(db, out, study="s").read_text()  # only study s: no agent, no failure
+    assert "study `s`" in text and "2 runs: 2 complete." in text
+    assert "OOM killed" not in text and "None: every collected run completed." in text
     assert "No agent runs: no decision records in the database." in text
     assert not (out / "decisions.png").exists()
     assert (out / "epoch_time.png").exists() and (out / "hit_rate.png").exists()

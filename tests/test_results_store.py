@@ -301,3 +301,25 @@ def test_second_collector_waits_for_the_first(tmp_path, runs):
     finally:
         holder.wait(timeout=60)
     assert holder.returncode == 0
+
+
+def test_batches_and_duplicate_run_ids(tmp_path, runs, monkeypatch):
+    import rudder.results.store as store_mod
+
+    root, dirs = runs
+    copy = tmp_path / "copies" / "none-2-copy"  # same run_id as runs/none-2, other dir
+    copy.mkdir(parents=True)
+    for f in dirs["none-2"].iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    db = tmp_path / "r.duckdb"
+    for batch_runs in (2, 64):  # the two copies in different batches, then in one batch
+        monkeypatch.setattr(store_mod, "BATCH_RUNS", batch_runs)
+        with ResultsStore(db) as st:
+            summary = st.ingest_runs([root, tmp_path / "copies"], force=True)
+            assert not summary.errors
+            c = st.counts()
+            where = st.scalar("SELECT run_dir FROM runs WHERE run_id = 'none-2'")
+        assert c["runs"] == 4
+        assert c["epochs"] == sum(file_rows(d, "epochs") for d in dirs.values())
+        # directories are visited in sorted order; the last one wins, rows are not doubled
+        assert where == str(dirs["none-2"].resolve())

@@ -108,7 +108,9 @@ def load_inputs(args):
 def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
               remote: bool = False, rerun: bool = False, execution_source: str = "",
               app_overrides: dict | None = None, view=None, globus_executor_factory=None):
-    """Builds the DAG, runs it with Parsl, returns the StudyDAG (states, summary)."""
+    """Builds the DAG, runs it with Parsl, returns the StudyDAG (states, summary). Parsl's
+    logs go to the execution's parsl_run_dir, else RUNS_DIR/<study>/runinfo (./runinfo with
+    an endpoint)."""
     import parsl
 
     from apps import make_apps
@@ -117,7 +119,9 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
 
     dag = StudyDAG(study, ex, runs_dir, db, report_dir, remote=remote, rerun=rerun)
     prepare_environment(REPO)
-    config = build_parsl_config(ex, globus_executor_factory=globus_executor_factory)
+    # (with an endpoint RUNS_DIR names the endpoint's filesystem: Parsl's logs stay here)
+    parsl_dir = ex.parsl_run_dir or ("runinfo" if remote else str(Path(runs_dir) / study.name / "runinfo"))
+    config = build_parsl_config(ex, run_dir=parsl_dir, globus_executor_factory=globus_executor_factory)
     dfk = parsl.load(config)
     try:
         apps = make_apps(ex.route, app_overrides)
@@ -129,17 +133,35 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
     return dag
 
 
+def setup_logging(verbose: bool) -> None:
+    """Our loggers at INFO (DEBUG with -v) on stderr; everything else (Parsl logs at DEBUG
+    into RUNS_DIR/<study>/runinfo/ itself) only from WARNING up."""
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.StreamHandler()
+    root.setLevel(logging.WARNING)
+    root.setFormatter(fmt)
+    # Parsl logs a failed task with its traceback at ERROR: the summary says it in one line
+    root.addFilter(lambda r: not r.name.startswith("parsl") or r.levelno >= logging.CRITICAL)
+    logging.getLogger().addHandler(root)
+    ours = logging.StreamHandler()
+    ours.setFormatter(fmt)
+    rl = logging.getLogger("rudder")
+    rl.addHandler(ours)
+    rl.setLevel(logging.DEBUG if verbose else logging.INFO)
+    rl.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: "
-                        "%(message)s")
-    logging.getLogger("rudder").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    setup_logging(args.verbose)
 
     from rich.console import Console
 
     from rudder.config import ConfigError
 
-    console = Console(stderr=False)
+    console = Console()
+    if not console.is_terminal:  # logs and CI: wide enough for the summary table
+        console = Console(width=200)
     try:
         study, ex = load_inputs(args)
     except (ConfigError, FileNotFoundError, ValueError) as exc:

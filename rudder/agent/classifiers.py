@@ -67,8 +67,8 @@ def make_estimator(kind: str, seed: int = 0, n_jobs: int = 1):
     if kind == "mlp":
         from sklearn.neural_network import MLPClassifier
 
-        clf = MLPClassifier(hidden_layer_sizes=(32, 16), alpha=1e-3, max_iter=500,
-                            early_stopping=True, n_iter_no_change=20, random_state=seed)
+        clf = MLPClassifier(hidden_layer_sizes=(32, 16), alpha=1e-3, max_iter=300,
+                            early_stopping=True, n_iter_no_change=10, random_state=seed)
     elif kind == "xgboost":
         from xgboost import XGBClassifier
 
@@ -86,7 +86,7 @@ def make_estimator(kind: str, seed: int = 0, n_jobs: int = 1):
     else:
         from sklearn.ensemble import RandomForestClassifier
 
-        clf = RandomForestClassifier(n_estimators=200, min_samples_leaf=2, n_jobs=n_jobs,
+        clf = RandomForestClassifier(n_estimators=100, min_samples_leaf=2, n_jobs=n_jobs,
                                      random_state=seed)
     return Pipeline([("scale", StandardScaler()), ("clf", clf)])
 
@@ -124,6 +124,7 @@ def train_models(
     seed: int = 0,
     rule: LabelRule | None = None,
     runs: list[str] | None = None,
+    actions: str = "all",
 ) -> dict[str, dict]:
     """Fits each kind on all of `data` and saves it; returns {kind: metadata} (with cv scores).
     Raises ValueError when the labels hold one class only (nothing to learn)."""
@@ -156,6 +157,7 @@ def train_models(
             "positives": int(counts[1]),
             "majority_baseline": float(counts.max() / counts.sum()),
             "label_rule": asdict(rule) if rule else "as collected",
+            "actions": actions,
             "datasets": sorted({str(r.get("dataset")) for r in recs}),
             "batch_sizes": sorted({float(r["features"].get("batch_size", 0)) for r in recs}),
             "runs": list(runs or []),
@@ -226,12 +228,17 @@ class SavedClassifier:
 
         return np.array([[float(features.get(n, 0.0)) for n in self.feature_names]])
 
-    def score(self, features: dict[str, float]) -> float:
-        """P(replace) where the model has it, else the decision-function margin."""
+    def decide(self, features: dict[str, float]) -> tuple[bool, float]:
+        """(replace?, score) in one model call: score = P(replace) where the model has
+        probabilities (the decision is their argmax, as the model's own predict), else the
+        decision-function margin (replace iff > 0, as LinearSVC.predict)."""
         x = self.vector(features)
+        classes = list(self.pipeline.classes_)
         if hasattr(self.pipeline, "predict_proba"):
-            return float(self.pipeline.predict_proba(x)[0, 1])
-        return float(self.pipeline.decision_function(x)[0])
+            proba = self.pipeline.predict_proba(x)[0]
+            return bool(int(classes[int(proba.argmax())])), float(proba[classes.index(1)])
+        margin = float(self.pipeline.decision_function(x)[0])
+        return bool(int(classes[1] if margin > 0 else classes[0])), margin
 
     def predict(self, features: dict[str, float]) -> bool:
         return bool(int(self.pipeline.predict(self.vector(features))[0]))
@@ -292,12 +299,7 @@ class ClassifierPolicy(WindowedDecisionPolicy):
 
     def decide(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
         t0 = time.perf_counter()
-        replace = self.model.predict(features)
+        replace, score = self.model.decide(features)
         latency = time.perf_counter() - t0
-        try:
-            score = self.model.score(features)
-        except Exception:  # noqa: BLE001 - the score is for the record only
-            score = None
-        raw = json.dumps({"replace": replace, "score": score})
-        return replace, {"raw": raw, "latency_s": latency,
-                         "reason": None if score is None else f"score={score:.3f}"}
+        return replace, {"raw": json.dumps({"replace": replace, "score": score}),
+                         "latency_s": latency, "reason": f"score={score:.3f}"}

@@ -32,6 +32,8 @@ def register(subparsers) -> None:
                         "collected)")
     t.add_argument("--cost", choices=["time", "rows"], default=None,
                    help="relabel: fetch cost measured as time or rows")
+    t.add_argument("--actions", choices=["all", "replace", "skip"], default="all",
+                   help="train on all decisions, or only the replace (or skip) ones")
     t.add_argument("--json", action="store_true", help="print the results as JSON")
     t.set_defaults(func=_train)
 
@@ -69,11 +71,11 @@ def _train(args: argparse.Namespace) -> int:
     from rudder.agent.trajectories import load_trajectories
 
     rule = _rule(args)
-    data = load_trajectories(args.runs, rule=rule)
+    data = load_trajectories(args.runs, rule=rule, actions=args.actions)
     kinds = [k.strip() for k in args.models.split(",") if k.strip()] if args.models else None
     out = models_dir(args.out)
     results = train_models(data, out, kinds, folds=args.folds, seed=args.seed, rule=rule,
-                           runs=list(args.runs))
+                           runs=list(args.runs), actions=args.actions)
     if args.json:
         print(json.dumps({k: {f: m[f] for f in ("cv_accuracy", "samples", "path")}
                           for k, m in results.items()}, indent=2))

@@ -1,11 +1,15 @@
 """ContextBuilder: turns the run's static facts, the window that just closed and the last
 decisions (with their measured outcomes) into chat messages for the decision maker.
 
-Message layout (the static part first so llama.cpp reuses its KV cache from call to call):
-  system     static context: run facts, metric definitions, actions, rules of thumb, answer format
-  user/asst  in-context examples (variant `default`: from this run's own judged history, topped
-             up with canned ones; `few-shot`: canned only)
-  user       recent decisions with outcomes + the current window
+Message layout. On CPUs the prompt's prefill dominates a decision's latency, and llama.cpp
+reuses the KV cache of the longest prefix shared with the previous call, so everything that is
+the same for every run, rank and window comes first:
+  system     metric definitions, actions, rules of thumb (constant)
+  user/asst  canned in-context examples (constant), then examples judged in hindsight from this
+             run's own history (variant `default`)
+  user       the static context of this run (graph/partition sizes, r/P, batch, minibatches,
+             halo, capacity, budgets in rows), the last decisions with outcomes, the current
+             window, and the answer format
 
 Prompt variants (scored by `rudder agent eval`):
   zero-shot     decision first in the JSON (reason last), no examples
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable
 
 from rudder.agent.messages import (
@@ -106,115 +110,112 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
 
 
+# The system message and the canned examples are the same for every run, rank and window, so
+# llama.cpp keeps their KV cache from call to call (and across the trainers sharing a node's
+# server): only the last user message (run facts, history, window) is evaluated per decision.
+# Prefill dominates latency on CPUs, so the text is kept short.
 SYSTEM_TEMPLATE = """\
-You steer the remote-feature buffer of one trainer in distributed GNN training (DistDGL).
-Every minibatch pulls the features of its remote input nodes over the network unless the buffer holds them.
-Run:
-- graph {num_nodes:,} nodes in {num_parts} partitions; this trainer: rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes)
-- halo (remote) nodes of the partition: {halo_nodes:,}; buffer capacity {capacity:,} rows ({cap_share} of halo)
-- minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs
-- a window is {window} minibatches; {lookahead_text}
-Metrics of a window:
+You steer the remote-feature buffer of one trainer in distributed GNN training.
+Each minibatch pulls the features of its remote input nodes over the network unless the buffer holds them.
+Metrics of a window of minibatches:
 - hit_rate: remote input rows served by the buffer / all remote input rows (higher is better)
 - fetched rows: rows pulled over the network per minibatch = misses + rows admitted by replacements
-- stale slots: buffer slots not hit for a long time (eviction candidates)
-- lookahead missing: remote nodes of the coming minibatches that the buffer lacks
-Action: replace now or keep the buffer. A replacement swaps stale slots for nodes the coming minibatches need, at most: small {small:,} rows (1% of capacity), medium {medium:,} (5%), large {large:,} (15%).
+- stale slots: buffer slots not hit for a long time
+- lookahead missing: remote nodes of the next minibatches (already sampled) that the buffer lacks
+Action: replace now, or keep the buffer. A replacement swaps stale slots for nodes the next minibatches need; budget small = 1%, medium = 5%, large = 15% of capacity.
 Rules of thumb:
 - A replacement costs its rows at once; it pays only if the new rows are hit later.
 - Replace when hit_rate is falling or low, many slots are stale and lookahead missing is large.
 - Keep when hit_rate is high or rising, or lookahead missing is small: replacing would only add traffic.
-- Minibatches are shuffled: past hits predict future hits poorly; the lookahead numbers are the best evidence.
+- Minibatches are shuffled: past hits predict future hits poorly; lookahead is the best evidence.
 - After a useful replacement expect hit_rate up and fetched rows down; after keeping, expect flat.
 - If a past prediction failed, change course.
-Answer with one JSON object: {answer_text}."""
+Answer with one JSON object; "remote_rows" in it means fetched rows."""
+
+RUN_TEMPLATE = """\
+Run: graph {num_nodes:,} nodes, {num_parts} partitions; rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes, {halo_nodes:,} halo nodes); buffer capacity {capacity:,} rows ({cap_share} of halo); minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs; window {window} minibatches; {lookahead_text}; budgets: small {small:,} rows, medium {medium:,}, large {large:,}."""
 
 ANSWER_REASON_FIRST = (
-    '{"reason": one short sentence, "replace": true|false, "budget": "small"|"medium"|"large", '
-    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}} '
-    "where remote_rows means fetched rows"
+    'Answer: {"reason": one short sentence, "replace": true|false, "budget": "small"|"medium"|"large", '
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}'
 )
 ANSWER_DECISION_FIRST = (
-    '{"replace": true|false, "budget": "small"|"medium"|"large", '
-    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, '
-    '"reason": one short sentence} where remote_rows means fetched rows'
+    'Answer: {"replace": true|false, "budget": "small"|"medium"|"large", '
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": one short sentence}'
 )
 
+# The run the canned examples pretend to come from (fixed, so their KV cache is reused).
+CANNED_CONTEXT = dict(rank=0, num_trainers=4, part_id=0, num_parts=4, num_nodes=2_000_000,
+                      partition_nodes=500_000, halo_nodes=40_000, capacity=10_000, batch_size=1000,
+                      fanouts=[10, 25], steps_per_epoch=120, epochs=3, feat_dim=100, feat_bytes=400,
+                      window=10, lookahead=3)
+
 # Canned examples: simple, unambiguous windows, in a non-alternating order (a small model
-# otherwise continues the alternation). Numbers are relative to a 10,000-row buffer and scaled
-# to the run's capacity when rendered.
+# otherwise continues the alternation).
 CANNED: list[dict[str, Any]] = [
     {
-        "window": {"window": 4, "minibatches": 10, "hit_rate": 0.31, "remote_rows": 120000,
-                   "fetched_rows": 82800, "replaced_rows": 0, "stale_slots": 0.72,
-                   "buffer_fill": 1.0, "lookahead_missing": 0.9, "lookahead_rows": 0.15},
+        "window": {"window": 4, "first_step": 40, "last_step": 49, "minibatches": 10, "hit_rate": 0.31,
+                   "remote_rows": 120000, "fetched_rows": 82800, "replaced_rows": 0, "stale_slots": 7200,
+                   "buffer_fill": 10000, "lookahead_missing": 9000, "lookahead_rows": 1500},
         "recent": [0.45, 0.38],
-        "answer": {"reason": "hit rate is falling, most slots are stale and the next minibatches need many missing nodes",
+        "answer": {"reason": "hit rate falling, most slots stale, next minibatches need many missing nodes",
                    "replace": True, "budget": "large",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
     },
     {
-        "window": {"window": 9, "minibatches": 10, "hit_rate": 0.64, "remote_rows": 120000,
-                   "fetched_rows": 43200, "replaced_rows": 0, "stale_slots": 0.08,
-                   "buffer_fill": 1.0, "lookahead_missing": 0.04, "lookahead_rows": 0.01},
+        "window": {"window": 9, "first_step": 90, "last_step": 99, "minibatches": 10, "hit_rate": 0.64,
+                   "remote_rows": 120000, "fetched_rows": 43200, "replaced_rows": 0, "stale_slots": 800,
+                   "buffer_fill": 10000, "lookahead_missing": 400, "lookahead_rows": 100},
         "recent": [0.58, 0.61],
-        "answer": {"reason": "hit rate is high and rising and the buffer already holds what comes next",
+        "answer": {"reason": "hit rate high and rising, the buffer already holds what comes next",
                    "replace": False, "budget": "small",
                    "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
     },
     {
-        "window": {"window": 12, "minibatches": 10, "hit_rate": 0.55, "remote_rows": 120000,
-                   "fetched_rows": 54000, "replaced_rows": 0.05, "stale_slots": 0.12,
-                   "buffer_fill": 1.0, "lookahead_missing": 0.03, "lookahead_rows": 0.01},
+        "window": {"window": 12, "first_step": 120, "last_step": 129, "minibatches": 10, "hit_rate": 0.55,
+                   "remote_rows": 120000, "fetched_rows": 54500, "replaced_rows": 500, "stale_slots": 1200,
+                   "buffer_fill": 10000, "lookahead_missing": 300, "lookahead_rows": 100},
         "recent": [0.55, 0.55],
-        "answer": {"reason": "hit rate is steady, few slots are stale and little is missing ahead",
+        "answer": {"reason": "hit rate steady, few stale slots, little missing ahead",
                    "replace": False, "budget": "small",
                    "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
     },
     {
-        "window": {"window": 20, "minibatches": 10, "hit_rate": 0.22, "remote_rows": 120000,
-                   "fetched_rows": 93600, "replaced_rows": 0, "stale_slots": 0.55,
-                   "buffer_fill": 1.0, "lookahead_missing": 0.6, "lookahead_rows": 0.05},
+        "window": {"window": 20, "first_step": 200, "last_step": 209, "minibatches": 10, "hit_rate": 0.22,
+                   "remote_rows": 120000, "fetched_rows": 93600, "replaced_rows": 0, "stale_slots": 5500,
+                   "buffer_fill": 10000, "lookahead_missing": 6000, "lookahead_rows": 500},
         "recent": [0.30, 0.26],
-        "answer": {"reason": "hit rate is low and dropping while the coming minibatches miss many nodes",
+        "answer": {"reason": "hit rate low and dropping, the next minibatches miss many nodes",
                    "replace": True, "budget": "medium",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
     },
 ]
 
 
-def _scale_canned(w: dict, capacity: int) -> dict:
-    """Canned windows store slot counts as shares of capacity; make them rows of this run."""
-    cap = max(1, capacity)
-    out = dict(w)
-    for k in ("stale_slots", "lookahead_missing", "lookahead_rows", "replaced_rows"):
-        out[k] = int(round(w[k] * cap))
-    out["buffer_fill"] = int(round(w["buffer_fill"] * cap))
-    return out
-
-
 class ContextBuilder:
-    """Builds the prompt for one decision. Stateless apart from the run's static facts."""
+    """Builds the prompt for one decision. Holds only the run's static facts and the variant."""
 
     def __init__(self, ctx: RunContext | dict, variant: str = "default", history: int = 4):
         self.ctx = as_context(ctx)
         self.variant = get_variant(variant)
         self.history_k = history
         self.schema = answer_schema(self.variant.reason_first)
-        self.system = self._system()
+        self.system = SYSTEM_TEMPLATE
+        self.answer_text = ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST
         design = {
-            "variant": asdict(self.variant), "system": SYSTEM_TEMPLATE, "schema": self.schema,
-            "canned": CANNED if self.variant.examples != "none" else None,
-            "answer": ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST,
+            "variant": asdict(self.variant), "system": SYSTEM_TEMPLATE, "run": RUN_TEMPLATE,
+            "schema": self.schema, "answer": self.answer_text,
+            "canned": [CANNED_CONTEXT, CANNED] if self.variant.examples != "none" else None,
         }
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
 
-    # ---- static part --------------------------------------------------------------------
-    def _system(self) -> str:
+    # ---- static context -------------------------------------------------------------------
+    def static_text(self) -> str:
+        """The run's facts: graph and partition sizes, r/P, batch, minibatches, halo, capacity."""
         c = self.ctx
-        la = (f"the next {c.lookahead} minibatches are already sampled (lookahead)"
-              if c.lookahead > 0 else "no minibatches are sampled ahead (lookahead off)")
-        return SYSTEM_TEMPLATE.format(
+        la = (f"the next {c.lookahead} minibatches are sampled ahead (lookahead)"
+              if c.lookahead > 0 else "lookahead off")
+        return RUN_TEMPLATE.format(
             num_nodes=c.num_nodes, num_parts=c.num_parts, rank=c.rank, num_trainers=c.num_trainers,
             part_id=c.part_id, partition_nodes=c.partition_nodes, halo_nodes=c.halo_nodes,
             capacity=c.capacity, cap_share=_pct(c.capacity / c.halo_nodes, 0) if c.halo_nodes else "n/a",
@@ -222,12 +223,11 @@ class ContextBuilder:
             steps_per_epoch=c.steps_per_epoch, epochs=c.epochs, window=c.window, lookahead_text=la,
             small=budget_rows("small", c.capacity), medium=budget_rows("medium", c.capacity),
             large=budget_rows("large", c.capacity),
-            answer_text=ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST,
         )
 
-    # ---- dynamic part -------------------------------------------------------------------
+    # ---- dynamic context ------------------------------------------------------------------
     def render_window(self, w: dict, recent: Iterable[float | dict] = ()) -> str:
-        """The window as a few lines; `recent`: earlier windows (dicts or hit rates), oldest first."""
+        """The window in a few lines; `recent`: earlier windows (dicts or hit rates), oldest first."""
         c = self.ctx
         cap = max(1, c.capacity)
         prev = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
@@ -245,12 +245,11 @@ class ContextBuilder:
         if prev and hr is not None:
             d = hr - prev[-1]
             trend = {"up": "rising", "down": "falling", "flat": "steady"}[direction(d, HIT_TOL)]
-            hr_line += f", {trend} ({100 * d:+.1f} pt vs previous window)"
-            hr_line += "; earlier windows: " + ", ".join(_pct(p) for p in prev[-3:])
+            hr_line += f", {trend} ({100 * d:+.1f} pt); earlier: " + ", ".join(_pct(p) for p in prev[-3:])
         lines.append(hr_line)
         fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
         lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "
-                     f"rows admitted by replacements in this window {_num(w.get('replaced_rows'))}")
+                     f"replaced rows in window {_num(w.get('replaced_rows'))}")
         stale = w.get("stale_slots")
         fill = w.get("buffer_fill")
         fill_share = None if fill is None else (fill if fill <= 1 else fill / cap)
@@ -259,8 +258,7 @@ class ContextBuilder:
         if c.lookahead > 0:
             miss, rows = w.get("lookahead_missing"), w.get("lookahead_rows")
             lines.append(
-                f"lookahead: the next {c.lookahead} minibatches need {_num(miss)} remote nodes not in the buffer "
-                f"({_pct(None if miss is None else miss / cap, 0)} of capacity); "
+                f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity); "
                 f"a replacement now would fetch {_num(rows)} rows")
         if self.variant.signals:
             lines.append("signals: " + self._signals(w, prev))
@@ -280,17 +278,18 @@ class ContextBuilder:
         return ", ".join(out) or "none"
 
     def render_history(self, history: list[HistoryEntry]) -> str:
-        if not history:
-            return "Recent decisions: none yet."
-        lines = ["Recent decisions (oldest first):"]
-        for h in history[-self.history_k:] if self.history_k else []:
+        shown = history[-self.history_k:] if self.history_k else []
+        if not shown:
+            return "Recent decisions: none."
+        lines = ["Recent decisions:"]
+        for h in shown:
             if h.fallback:
                 lines.append(f"- #{h.decision} on window {h.window}: no valid answer, {h.fallback} applied")
                 continue
             act = f"replace ({h.budget}, {h.rows} rows)" if h.replace else "keep"
             s = (f"- #{h.decision} on window {h.window}: {act}; predicted hit_rate {h.expected_hit_rate}, "
                  f"fetched rows {h.expected_remote_rows}")
-            if h.correct is None:
+            if h.correct is None and h.outcome_hit_rate is None:
                 s += "; outcome pending"
             else:
                 s += (f"; measured hit_rate {100 * (h.hit_delta or 0):+.1f} pt ({h.outcome_hit_rate}), "
@@ -300,30 +299,35 @@ class ContextBuilder:
         return "\n".join(lines)
 
     def _examples(self, history: list[HistoryEntry]) -> list[tuple[str, dict]]:
+        """(user text, answer) pairs: canned first (a constant prefix), then this run's own."""
         v = self.variant
-        out: list[tuple[str, dict]] = []
+        if v.examples == "none":
+            return []
+        own: list[tuple[str, dict]] = []
         if v.examples == "history":
             for h in reversed(history):
-                if len(out) >= v.max_examples // 2:  # keep room for both canned classes
+                if len(own) >= v.max_examples // 2:  # keep room for canned ones of both labels
                     break
                 ex = hindsight_example(h)
                 if ex is not None:
-                    out.append((self.render_window(h.judged or {}, ()), ex))
-        if v.examples in ("history", "canned"):
-            need = v.max_examples - len(out)
-            canned = [(self.render_window(_scale_canned(e["window"], self.ctx.capacity), e["recent"]), e["answer"])
-                      for e in CANNED]
-            out = canned[:need] + out
-        return out
+                    own.append((self.static_text() + "\n" + self.render_window(h.judged or {}), ex))
+            own.reverse()
+        canned_builder = ContextBuilder.__new__(ContextBuilder)
+        canned_builder.ctx, canned_builder.variant = as_context(CANNED_CONTEXT), v
+        canned = [((canned_builder.static_text() + "\n" if i == 0 else "Same run.\n")
+                   + canned_builder.render_window(e["window"], e["recent"]), e["answer"])
+                  for i, e in enumerate(CANNED)]
+        return canned[: v.max_examples - len(own)] + own
 
-    def build(self, window: dict, history: list[HistoryEntry | dict] = (),
+    def build(self, window: dict, history: Iterable[HistoryEntry | dict] = (),
               recent: Iterable[float | dict] = ()) -> Prompt:
         hist = [h if isinstance(h, HistoryEntry) else HistoryEntry.model_validate(h) for h in history]
         msgs = [{"role": "system", "content": self.system}]
         for user, answer in self._examples(hist):
             msgs.append({"role": "user", "content": user})
             msgs.append({"role": "assistant", "content": json.dumps(_ordered(answer, self.variant.reason_first))})
-        user = self.render_history(hist) + "\n" + self.render_window(window, recent) + "\nReplace now?"
+        user = "\n".join([self.static_text(), self.render_history(hist), self.render_window(window, recent),
+                          self.answer_text])
         msgs.append({"role": "user", "content": user})
         return Prompt(msgs, self.schema, self.hash, self.variant.name)
 
@@ -337,27 +341,23 @@ def _ordered(answer: dict, reason_first: bool) -> dict:
 
 
 def hindsight_example(h: HistoryEntry) -> dict | None:
-    """The answer that was right in hindsight for a past judged window, or None when unclear.
-    replaced and hit rate went up -> replace was right; replaced and it did not -> keep;
-    kept and hit rate held or rose -> keep was right; kept and it fell -> unclear (skipped)."""
-    if h.fallback or h.correct is None or h.judged is None or h.outcome_hit_rate is None:
+    """The answer that was right in hindsight for a past judged window, or None when unclear:
+    replaced and hit rate went up -> replace; replaced and it did not -> keep;
+    kept and hit rate held or rose -> keep; kept and it fell -> unclear (skipped)."""
+    if h.fallback or h.judged is None or h.outcome_hit_rate is None:
         return None
     if h.replace:
         good = h.outcome_hit_rate == "up"
         return {
-            "reason": "replacing raised the hit rate" if good else "a replacement here did not raise the hit rate",
+            "reason": "replacing here raised the hit rate" if good else "a replacement here did not raise the hit rate",
             "replace": good, "budget": (h.budget or "medium") if good else "small",
             "expected": {"hit_rate": "up" if good else "flat",
-                         "remote_rows": h.outcome_remote_rows if good else "flat"},
+                         "remote_rows": (h.outcome_remote_rows or "down") if good else "flat"},
         }
     if h.outcome_hit_rate == "down":
         return None
     return {"reason": "keeping the buffer held the hit rate", "replace": False, "budget": "small",
             "expected": {"hit_rate": h.outcome_hit_rate, "remote_rows": h.outcome_remote_rows or "flat"}}
-
-
-def context_dict(ctx: RunContext) -> dict:
-    return asdict(ctx) if is_dataclass(ctx) else dict(ctx)
 
 
 __all__ = ["ContextBuilder", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",

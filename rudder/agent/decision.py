@@ -230,8 +230,25 @@ class DecisionMaker:
         return Decision.from_answer(ans, model=self.model, backend=self.backend.name,
                                     prompt_hash=prompt.hash, raw=text[:RAW_MAX], latency_s=latency)
 
+    def warm(self, prompt: Prompt) -> float:
+        """Evaluates a prompt once (one token) so its constant prefix sits in the KV cache; the
+        first real decision then pays only for its own last message. Returns seconds spent."""
+        t0 = time.monotonic()
+        try:
+            self.backend.complete(prompt.messages, prompt.schema, 1, max(self.timeout_s, 60.0))
+        except Exception as exc:  # warming is an optimisation: never fatal
+            log.info("agent warm-up failed: %s", exc)
+        return time.monotonic() - t0
+
     def close(self) -> None:
         self.backend.close()
+
+
+def warm_prompt(variant: str = "default") -> Prompt:
+    """A prompt whose prefix (system + canned examples) every real prompt of `variant` shares."""
+    from rudder.agent.context import CANNED, CANNED_CONTEXT, ContextBuilder
+
+    return ContextBuilder(CANNED_CONTEXT, variant).build(CANNED[0]["window"], [], CANNED[0]["recent"])
 
 
 def answer_json(ans: dict[str, Any]) -> str:

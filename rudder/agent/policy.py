@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any
 
 from rudder.agent.context import HIT_TOL, ROWS_TOL, ContextBuilder, direction, per_minibatch
-from rudder.agent.decision import DecisionMaker
+from rudder.agent.decision import DecisionMaker, warm_prompt
 from rudder.agent.messages import Decision, HistoryEntry, budget_rows
 from rudder.config import AgentConfig, PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
@@ -244,6 +244,9 @@ class AgentPolicy(Policy):
     def _run(self) -> None:
         if self._maker is None:
             self._maker = self._load()  # in this thread: loading never delays training
+            if self._maker is not None and self._maker.backend.name == "inproc":
+                dt = self._maker.warm(warm_prompt(self.agent_cfg.prompt))
+                log.info("agent model loaded and warmed in %.1f s", dt)
         while not self._stop.is_set():
             try:
                 item = self._inbox.get(timeout=0.2)

@@ -132,6 +132,15 @@ class AgentService:
         except (OSError, ValueError, urllib.error.URLError):
             return False
 
+    def warm(self, variant: str = "default", timeout_s: float = 300.0) -> float:
+        """One short request with the agent's constant prompt prefix, so the server's KV cache
+        holds it before the first trainer asks. Returns seconds spent (failures are logged)."""
+        from rudder.agent.decision import DecisionMaker, HttpBackend, warm_prompt
+
+        maker = DecisionMaker(HttpBackend(self.url, model=self.model_alias or ""), self.model_alias or "",
+                              timeout_s=timeout_s)
+        return maker.warm(warm_prompt(variant))
+
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
@@ -169,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chat-format", default=None)
     ap.add_argument("--ready-timeout", type=float, default=120.0)
     ap.add_argument("--log", default=None, help="server log file")
+    ap.add_argument("--no-warm", action="store_true", help="skip caching the prompt prefix at start")
+    ap.add_argument("--prompt", default="default", help="prompt variant whose prefix is warmed")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rudder.agent.models import resolve
@@ -181,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     with svc:
+        if not args.no_warm and not done.is_set():
+            log.info("prompt prefix warmed in %.1f s", svc.warm(args.prompt))
         print(f"READY {svc.url}", flush=True)
         while not done.is_set():
             if svc.proc is None or svc.proc.poll() is not None:

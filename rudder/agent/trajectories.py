@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -254,12 +255,17 @@ class WindowedDecisionPolicy(Policy):
     """Decides at each window close, applies at the next plan(), judges one window later.
 
     Subclasses implement `decide(features, stats) -> (replace, info)`; the skeleton keeps the
-    pending Replace, the DECISION_FIELDS records and their outcomes. Record semantics:
-      decided_step  the first minibatch the decision could act on (window's last_step + 1)
-      applied_step  the minibatch whose plan() took it (skips too); staleness = the difference
-      outcome_hit_rate     post-window hit rate - pre-window hit rate
-      outcome_remote_rows  post - pre fetched rows per minibatch (misses + replaced rows)
-      correct       LabelRule.correct(replace, pre, post)
+    pending Replace, the DECISION_FIELDS records and their outcomes. Record semantics (those of
+    the agent where they overlap):
+      decided_step  the latest global step seen when deciding (the window's last step: the
+                    decision is synchronous)
+      applied_step  the minibatch whose plan() took it (skips too; None if none came)
+      staleness     applied_step - decided_step (1 = the very next minibatch)
+      outcome_hit_rate     post-window hit rate - pre-window hit rate (0..1 units)
+      outcome_remote_rows  relative change of fetched rows per minibatch (misses + replaced
+                           rows), post vs pre, as the agent's `rows_delta`
+      correct       LabelRule.correct(replace, pre, post): was the action right (the agent's
+                    `correct` is instead whether its predicted directions came true)
       budget        share of capacity a replace may change (cfg.budget); 0 for a skip
     """
 
@@ -285,6 +291,8 @@ class WindowedDecisionPolicy(Policy):
         self._open: list[tuple[dict, WindowStats, dict[str, float]]] = []
         self._ready: list[dict] = []
         self._count = 0
+        # plan() may run in the loader thread and observe() in the training loop's
+        self._lock = threading.Lock()
 
     # -- Policy interface --
     def setup(self, ctx: RunContext) -> None:
@@ -294,10 +302,10 @@ class WindowedDecisionPolicy(Policy):
         self.dataset = context_dataset(ctx, self.dataset_override)
 
     def plan(self, step: StepInfo) -> Replace | None:
-        rec = self._pending
+        with self._lock:
+            rec, self._pending = self._pending, None
         if rec is None:
             return None
-        self._pending = None
         rec["applied_step"] = step.global_step
         rec["staleness"] = step.global_step - rec["decided_step"]
         if rec["replace"] and self.max_rows > 0:
@@ -311,20 +319,23 @@ class WindowedDecisionPolicy(Policy):
             return
         stats = self._acc.close(window, self._windows_seen)
         self._windows_seen += 1
-        self._judge(stats)
-        if self._windows_seen % self.decide_every == 0:
-            self._decide_at(stats)
+        with self._lock:
+            self._judge(stats)
+            if self._windows_seen % self.decide_every == 0:
+                self._decide_at(stats)
         self._prev = stats
 
     def decisions(self) -> list[dict]:
-        out, self._ready = self._ready, []
+        with self._lock:
+            out, self._ready = self._ready, []
         return out
 
     def close(self) -> None:
         # Decisions whose outcome window never came: reported without an outcome.
-        self._ready.extend(rec for rec, _, _ in self._open)
-        self._open = []
-        self._pending = None
+        with self._lock:
+            self._ready.extend(rec for rec, _, _ in self._open)
+            self._open = []
+            self._pending = None
 
     # -- to implement --
     def decide(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
@@ -341,7 +352,7 @@ class WindowedDecisionPolicy(Policy):
         rec = {
             "decision": self._count,
             "window": stats.window,
-            "decided_step": stats.last_step + 1,
+            "decided_step": stats.last_step,
             "applied_step": None,
             "staleness": None,
             "policy": self.policy_label(),
@@ -371,7 +382,9 @@ class WindowedDecisionPolicy(Policy):
         for rec, pre, feats in self._open:
             pre_d, post_d = asdict(pre), asdict(post)
             rec["outcome_hit_rate"] = post.hit_rate - pre.hit_rate
-            rec["outcome_remote_rows"] = post.fetched_rows - pre.fetched_rows
+            rec["outcome_remote_rows"] = (
+                (post.fetched_rows - pre.fetched_rows) / pre.fetched_rows
+                if pre.fetched_rows > 0 else None)
             rec["correct"] = self.rule.correct(rec["replace"], pre_d, post_d)
             self.on_outcome(rec, feats, pre, post)
             self._ready.append(rec)
@@ -399,7 +412,10 @@ class TrajectoryPolicy(WindowedDecisionPolicy):
                  cost: str = "time", path: str | None = None, model_name: str | None = None,
                  **_ignored: Any):
         if every is None:
-            every = int(model_name) if model_name and model_name.isdigit() else 1
+            if model_name and not model_name.isdigit():
+                raise ValueError(f"policy 'collect:{model_name}': the argument is the number of "
+                                 "windows between decision points, e.g. collect:2")
+            every = int(model_name) if model_name else 1
         if not 0.0 <= p_replace <= 1.0:
             raise ValueError(f"p_replace must be in [0, 1], got {p_replace}")
         super().__init__(cfg, rule=LabelRule(margin=margin, cost=cost), dataset=dataset,
@@ -479,20 +495,33 @@ class TrajectorySet:
         return len(self.y)
 
 
+ACTIONS = {"all": None, "replace": 1, "skip": 0}
+
+
 def load_trajectories(paths: Iterable[str | Path], rule: LabelRule | None = None,
-                      feature_names: list[str] | None = None) -> TrajectorySet:
+                      feature_names: list[str] | None = None,
+                      actions: str = "all") -> TrajectorySet:
     """Reads trajectory lines; `rule` relabels from the raw pre/post fields (None: the label
-    stored at collection). Features absent from a line (an older vocabulary) read as 0."""
+    stored at collection). Features absent from a line (an older vocabulary) read as 0.
+    actions: "all", or only the "replace" decisions (whose label is unambiguous: did this
+    replacement pay?) or only the "skip" ones. A skip label is ambiguous where the hit rate is
+    low but steady: skipping lost nothing (label keep) though replacing might have gained."""
     import numpy as np
 
+    if actions not in ACTIONS:
+        raise ValueError(f"actions must be one of {', '.join(ACTIONS)}, got {actions!r}")
+    want = ACTIONS[actions]
     names = list(feature_names or FEATURE_NAMES)
     files = trajectory_files(paths)
     records: list[dict] = []
     for f in files:
         for r in read_jsonl(f):
-            if "features" in r and ("label" in r or ("pre" in r and "post" in r)):
-                r["_source"] = str(f)
-                records.append(r)
+            if "features" not in r or not ("label" in r or ("pre" in r and "post" in r)):
+                continue
+            if want is not None and int(r.get("action", -1)) != want:
+                continue
+            r["_source"] = str(f)
+            records.append(r)
     if not records:
         where = ", ".join(str(p) for p in files) or "the given paths"
         raise ValueError(

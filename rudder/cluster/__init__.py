@@ -1,9 +1,10 @@
 """Emulated multi-machine DistDGL runs on one host.
 
-Picture (2 machines, 1 trainer each, as root):
+Picture (2 machines, 1 trainer each, as root; <t> = prefix + 6 hex digits, e.g. rdr3fa9c1):
 
-    host ── bridge rdr<id>br (10.a.b.254/24) ──┬── veth rdr<id>h0 ═ rdr<id>n0 [netns rdr<id>m0] 10.a.b.1
-                                               └── veth rdr<id>h1 ═ rdr<id>n1 [netns rdr<id>m1] 10.a.b.2
+    host: bridge <t>br 10.a.b.254/24
+      ├── veth <t>h0 ══ <t>n0 in netns <t>m0, 10.a.b.1   (machine 0)
+      └── veth <t>h1 ══ <t>n1 in netns <t>m1, 10.a.b.2   (machine 1)
     in each namespace, in its own mount namespace with a private tmpfs /dev/shm:
         python -m rudder.cluster.machine PLAN   (the machine's supervisor)
           ├─ DGL server  (python -m rudder.cluster.dist_server; partition -> /dev/shm)
@@ -54,9 +55,13 @@ A trainer calls `dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])` before
 Files under run_dir: ip_config.txt ("addr port" per machine); logs/machine<m>.{supervisor,server,
 service<j>,trainer<rank>}.log; cluster/machine<m>.{plan,status}.json; cluster/result.json.
 
-Without root (or netns=False) one machine runs on 127.0.0.1 without namespaces (free ports are
-chosen if the default ones are taken); more machines or bandwidth shaping then fail with a
-ClusterError saying why.
+Without root (or netns=False) one machine runs on 127.0.0.1 without network namespaces (free
+ports are chosen if the default ones are taken; as root it still gets a private /dev/shm); more
+machines or bandwidth shaping then fail with a ClusterError saying why.
+
+Leftovers: every name carries the cluster's id and is registered (with the owner's pid) before it
+is created, so `cleanup_stale()` (also run by every `start()`) removes what a killed owner left.
+Supervisors die with their owner (PR_SET_PDEATHSIG), taking their children with them.
 """
 from rudder.cluster.local import (
     ClusterError,

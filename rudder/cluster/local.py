@@ -9,6 +9,7 @@ import logging
 import os
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rudder.cluster import netns as nets
@@ -26,8 +27,14 @@ log = logging.getLogger("rudder.cluster")
 
 LOOPBACK = "127.0.0.1"
 # Inherited variables that would confuse a child about its role; LocalCluster sets its own.
-_ROLE_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-              "MASTER_PORT", "GLOO_SOCKET_IFNAME")
+# (Other DGL_*/RUDDER_* settings, e.g. DGL_DIST_MAX_TRY_TIMES, pass through.)
+_ROLE_VARS = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "GLOO_SOCKET_IFNAME", "DGL_ROLE", "DGL_SERVER_ID", "DGL_IP_CONFIG", "DGL_NUM_SERVER",
+    "DGL_NUM_CLIENT", "DGL_CONF_PATH", "DGL_GRAPH_FORMAT", "DGL_DIST_MODE", "DGL_NUM_SAMPLER",
+    "DGL_GROUP_ID", "RUDDER_MACHINE_ID", "RUDDER_NUM_MACHINES", "RUDDER_MACHINE_ADDR",
+    "RUDDER_ADDRESSES", "RUDDER_RUN_DIR", "RUDDER_IP_CONFIG", "RUDDER_SERVICE_ID",
+    "RUDDER_READY_FILE"})
 _PKG_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding `rudder/`
 
 
@@ -257,7 +264,7 @@ class LocalCluster:
         services = [] if not service_argv else (
             [list(service_argv)] if isinstance(service_argv[0], str) else
             [list(a) for a in service_argv])
-        cdir, logs, ready = self.run_dir / "cluster", self.run_dir / "logs", None
+        cdir, logs = self.run_dir / "cluster", self.run_dir / "logs"
         ready = cdir / "ready"
         ready.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
@@ -318,8 +325,7 @@ class LocalCluster:
         return result
 
     def _base_env(self, env: dict[str, str] | None) -> dict[str, str]:
-        base = {k: v for k, v in os.environ.items()
-                if not k.startswith(("DGL_", "RUDDER_")) and k not in _ROLE_VARS}
+        base = {k: v for k, v in os.environ.items() if k not in _ROLE_VARS}
         base["DGLBACKEND"] = "pytorch"
         base.setdefault("PYTHONUNBUFFERED", "1")  # logs stay current, even for a killed child
         # Children find this interpreter's venv scripts and this copy of the package first.
@@ -385,6 +391,10 @@ class LocalCluster:
             script = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'
             cmd = ["ip", "netns", "exec", self.net.namespace(m), "unshare", "-m",
                    "--propagation", "private", "sh", "-c", script, "rudder-machine", *sup]
+        elif os.geteuid() == 0 and shutil.which("unshare"):
+            # Loopback as root: still a private /dev/shm, so runs side by side do not clash.
+            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                   'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "rudder-machine", *sup]
         else:
             cmd = sup
         with open(log_path, "ab") as out:
@@ -421,8 +431,8 @@ class LocalCluster:
                                 f"{plans[m]['status_path']} and its log)"), startup_s
                 if startup_s is None and all(
                         (cdir / "ready" / f"trainers{m}").exists() for m in range(n)):
-                    startup_s = max(float((cdir / "ready" / f"trainers{m}").read_text())
-                                    for m in range(n)) - launched_at
+                    stamps = [(cdir / "ready" / f"trainers{m}").read_text() for m in range(n)]
+                    startup_s = max(float(t) for t in stamps) - launched_at
                     log.info("all %d machine(s) started in %.1f s", n, startup_s)
                 if all(c == 0 for c in codes):
                     return "", startup_s

@@ -219,7 +219,11 @@ class Supervisor:
             self.tick(min(TICK_S, left))
 
     def touch(self, name: str) -> None:
-        (self.ready / name).write_text(f"{time.time()}\n")
+        """Marks a step as done for the owner and the other machines (atomically: a reader
+        never sees an empty file)."""
+        tmp = self.ready / f".{name}.tmp"
+        tmp.write_text(f"{time.time()}\n")
+        tmp.replace(self.ready / name)
 
     def start(self, child: Child) -> None:
         child.start()
@@ -271,9 +275,12 @@ class Supervisor:
                 self.wait_until(ready.exists, f"{svc.label} did not create {ready}")
         self.phase = "barrier"
         n = self.plan["num_machines"]
-        missing = lambda: [j for j in range(n) if not (self.ready / f"server{j}").exists()]
-        self.wait_until(lambda: not missing(), lambda: "no DGL server listening yet on machine(s) "
-                        + ", ".join(map(str, missing())))
+
+        def missing() -> list[str]:
+            return [str(j) for j in range(n) if not (self.ready / f"server{j}").exists()]
+
+        self.wait_until(lambda: not missing(),
+                        lambda: f"no DGL server listening yet on machine(s) {', '.join(missing())}")
         self.phase = "trainers"
         for tr in self.role("trainer"):
             self.start(tr)

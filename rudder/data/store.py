@@ -65,10 +65,11 @@ def graph_checksum(g: "dgl.DGLGraph") -> str:
     h.update(f"nodes={g.num_nodes()};".encode())
     src, dst = g.edges(order="eid")
     for t in (src, dst):
-        h.update(t.contiguous().numpy().astype(np.int64, copy=False).tobytes())
+        h.update(np.ascontiguousarray(t.numpy(), dtype=np.int64))
     for key in sorted(g.ndata.keys()):
         arr = g.ndata[key].contiguous().numpy()
-        h.update(f";{key}:{arr.dtype}:{arr.shape};".encode())
+        dtype = "uint8" if arr.dtype == np.bool_ else str(arr.dtype)  # dgl saves bool as uint8
+        h.update(f";{key}:{dtype}:{arr.shape};".encode())
         h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
     return h.hexdigest()
 
@@ -202,7 +203,11 @@ def _load_file(path: Path) -> "dgl.DGLGraph":
     import dgl
 
     graphs, _ = dgl.load_graphs(str(path))
-    return graphs[0]
+    g = graphs[0]
+    for key in ("train_mask", "val_mask", "test_mask"):  # dgl.save_graphs stores bool as uint8
+        if key in g.ndata:
+            g.ndata[key] = g.ndata[key].bool()
+    return g
 
 
 def load_graph(name: str, root: str | os.PathLike = "data", seed: int = 0) -> "dgl.DGLGraph":

@@ -106,9 +106,10 @@ PRESETS: dict[str, SyntheticSpec] = {
     # ogbn-products-like: 1M nodes, ~20M directed edges, 128-d float32, 47 classes, small
     # train share (products: 8%). Many small communities keep a minibatch's 2-hop
     # neighbourhood local, so one minibatch touches a few percent of the graph, as on products.
-    "synth-bench": SyntheticSpec(nodes=1_000_000, avg_degree=20, communities=10_000,
-                                 feat_dim=128, classes=47, p_in=0.9, train_frac=0.1,
-                                 val_frac=0.02, test_frac=0.88),
+    # (measured: 1000 seeds with fanout 10,25 touch ~7% of the nodes; edge cut ~5% at P=2)
+    "synth-bench": SyntheticSpec(nodes=1_000_000, avg_degree=20, communities=20_000,
+                                 feat_dim=128, classes=47, p_in=0.95, degree_exponent=2.1,
+                                 train_frac=0.1, val_frac=0.02, test_frac=0.88),
 }
 
 
@@ -181,6 +182,7 @@ def generate_arrays(spec: SyntheticSpec) -> SyntheticArrays:
         raise ValueError(f"avg_degree={spec.avg_degree} needs {target} undirected edges but "
                          f"{n} nodes allow only {max_pairs}")
     keys = np.empty(0, dtype=np.int64)
+    yield_ = 1 / 1.08  # new distinct edges per draw; duplicates grow as the graph fills up
     for _round in range(8):
         missing = target - keys.shape[0]
         if _round > 0 and missing <= int(0.002 * target):
@@ -188,13 +190,13 @@ def generate_arrays(spec: SyntheticSpec) -> SyntheticArrays:
         # Stubs (Chung-Lu): node at community-order position i gets Poisson(theta_i * scale)
         # edge ends. The stub array is sorted by position, hence grouped by community, so a
         # theta-proportional draw inside community c is one random index into its stub range.
-        m_want = int(missing * 1.08) + 16
+        m_want = int(missing / max(yield_, 0.05) * 1.02) + 16
         counts = rng.poisson(theta_sorted * (m_want / theta_sorted.sum()))
         stubs = np.repeat(np.arange(n, dtype=np.int64), counts)
         m = stubs.shape[0]
         if m == 0:
             continue
-        src_pos = stubs[rng.permutation(m)]
+        src_pos = stubs  # edge order is irrelevant: destinations are drawn independently
         per_comm = np.add.reduceat(counts, comm_start)  # stubs per community
         stub_start = np.cumsum(per_comm) - per_comm
         s_comm = community_sorted[src_pos]
@@ -206,7 +208,9 @@ def generate_arrays(spec: SyntheticSpec) -> SyntheticArrays:
         a, b = perm[src_pos], perm[d_pos]
         ok = a != b  # no self loops
         a, b = a[ok], b[ok]
+        before = keys.shape[0]
         keys = sorted_unique(np.concatenate([keys, np.minimum(a, b) * n + np.maximum(a, b)]))
+        yield_ = (keys.shape[0] - before) / m
     if keys.shape[0] > target:  # drop a random surplus (the order of keys is sorted)
         keep = np.sort(rng.choice(keys.shape[0], target, replace=False))
         keys = keys[keep]
@@ -223,11 +227,17 @@ def generate_arrays(spec: SyntheticSpec) -> SyntheticArrays:
 
     # Features: unit-norm class centroids + isotropic noise with std feat_noise/sqrt(dim)
     # per coordinate, so the noise norm is ~feat_noise times the centroid norm.
+    # The noise is drawn by torch (multi-threaded, ~10x numpy's speed on 128M values) from a
+    # generator seeded by this rng, so it stays deterministic by seed.
+    import torch
+
     centroids = rng.standard_normal((c, spec.feat_dim)).astype(np.float32)
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
-    feat = rng.standard_normal((n, spec.feat_dim), dtype=np.float32)
-    feat *= np.float32(spec.feat_noise / np.sqrt(spec.feat_dim))
-    feat += centroids[label]
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    feat_t = torch.randn((n, spec.feat_dim), generator=gen, dtype=torch.float32)
+    feat_t.mul_(float(spec.feat_noise / np.sqrt(spec.feat_dim)))
+    feat_t.add_(torch.from_numpy(centroids)[torch.from_numpy(label)])
+    feat = feat_t.numpy()
 
     # Masks: a random split, disjoint.
     order = rng.permutation(n)
@@ -262,6 +272,8 @@ def generate(name_or_spec: str | SyntheticSpec | dict[str, Any] = "synth-tiny",
     fields (nodes, avg_degree, communities, feat_dim, classes, seed, ...). `seed` overrides the
     spec's seed. Returns a DGLGraph with ndata feat (float32), label (int64) and
     train_mask/val_mask/test_mask (bool); same spec and seed -> identical graph."""
+    import dgl  # noqa: F401  (imported before the timer: its import takes seconds)
+
     spec = resolve_spec(name_or_spec, seed)
     t0 = time.perf_counter()
     arr = generate_arrays(spec)

@@ -6,6 +6,7 @@ fixed      MassiveGNN: a replacement round every `period` minibatches (stale slo
 lookahead  Belady's rule on the minibatches sampled ahead, every minibatch, under a row budget
 agent      an LLM decides when and how much (rudder.agent)          [registered lazily]
 classifier:<name>  an offline-trained classifier decides when (rudder.agent.classifiers)
+collect[:k]  random replace/skip every k-th window; writes trajectories for the classifiers
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ REGISTRY: dict[str, Callable[[PrefetchConfig, dict], Policy]] = {
     "lookahead": lambda cfg, extra: LookaheadPolicy(cfg),
     "agent": _lazy("rudder.agent.policy", "AgentPolicy"),
     "classifier": _lazy("rudder.agent.classifiers", "ClassifierPolicy"),
+    "collect": _lazy("rudder.agent.trajectories", "TrajectoryPolicy"),
 }
 
 

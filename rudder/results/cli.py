@@ -144,15 +144,19 @@ def _print_table(df, max_rows: int, title: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rudder.results.report import _cell
+    from rudder.results.report import fmt_cell
 
     table = Table(title=title, show_lines=False)
     for c in df.columns:
         numeric = df[c].dtype.kind in "iuf"
         table.add_column(str(c), justify="right" if numeric else "left", overflow="fold")
     for row in df.head(max_rows).itertuples(index=False):
-        table.add_row(*(_cell(v) for v in row))
+        table.add_row(*(fmt_cell(v) for v in row))
     console = Console()
+    if not console.is_terminal:  # piped or captured: don't fold columns to 80 characters
+        console = Console(width=max(80, min(400, 3 + sum(
+            3 + max([len(str(c))] + [len(fmt_cell(v)) for v in df[c].head(max_rows)])
+            for c in df.columns))))
     console.print(table)
     if len(df) > max_rows:
         console.print(f"({len(df) - max_rows} more rows; --max-rows N or --csv for all)")

@@ -132,7 +132,7 @@ def _hit_rate_series(store: ResultsStore, study: str | None):
 
 
 # --- markdown -----------------------------------------------------------------------------------
-def _cell(v) -> str:
+def fmt_cell(v) -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
@@ -155,7 +155,7 @@ def _md_table(df) -> str:
     cols = [str(c) for c in df.columns]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+        lines.append("| " + " | ".join(fmt_cell(v) for v in row) + " |")
     return "\n".join(lines)
 
 
@@ -166,7 +166,8 @@ def _figure(panels: int, height: float = 3.6):
 
     ncols = min(panels, 3)
     nrows = math.ceil(panels / ncols)
-    fig = Figure(figsize=(5.0 * ncols, height * nrows), layout="constrained")
+    fig = Figure(figsize=(5.0 * ncols, height * nrows))
+    fig.subplots_adjust(wspace=0.3, hspace=0.45)
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax in axes[panels:]:
@@ -197,7 +198,7 @@ def _line_plot(df, y: str, ylabel: str, path: Path, err: str | None = None) -> N
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
 def _hit_rate_plot(df, path: Path) -> None:
@@ -213,7 +214,7 @@ def _hit_rate_plot(df, path: Path) -> None:
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
 def _decision_plot(df, path: Path) -> int:
@@ -252,5 +253,5 @@ def _decision_plot(df, path: Path) -> int:
     ax.set_title("policy decisions")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     return len(lanes)

@@ -8,10 +8,11 @@ collector (or a report started mid-collection) waits for the first to finish ins
 up to `lock_timeout_s`. (flock is node-local on some network file systems: keep the database on
 the node that runs the collect step, or on a file system mounted with flock support.)
 
-Idempotent ingest: `ingest_run` deletes every row of the run (runs + child tables) and inserts
-the run again, in one transaction, so re-collecting a run replaces its rows and never duplicates
-them; a crash mid-ingest leaves the previous version. A content fingerprint of the run directory
-is stored with the run: an unchanged run is skipped unless `force=True`.
+Idempotent ingest: a run's rows (runs + child tables) are deleted and inserted again in one
+transaction (ingest_runs puts up to BATCH_RUNS runs in one), so re-collecting a run replaces its
+rows and never duplicates them; a crash mid-ingest leaves the previous version. A content
+fingerprint of the run directory is stored with the run: an unchanged run is skipped unless
+`force=True`.
 
 Records are read with `rudder.records.read_jsonl` (a torn last line is skipped). Fields of the
 contract (MINIBATCH_FIELDS, ...) become typed columns; extra fields, and values that do not fit
@@ -29,6 +30,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from operator import itemgetter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -101,6 +103,8 @@ FILE_PREFIX = {"minibatches": "minibatches", "epochs": "epochs", "windows": "win
                "decisions": "decisions"}
 CHILD_TABLES = tuple(FIELD_KINDS)
 TABLES = ("studies", "runs") + CHILD_TABLES
+BATCH_RUNS = 64  # runs written per transaction by ingest_runs ...
+BATCH_ROWS = 2_000_000  # ... or fewer, when their records add up to this many rows
 _RANK_FILE = re.compile(r"^(minibatches|epochs|windows|decisions)-r(\d+)\.jsonl$")
 
 # runs: flattened key config columns (name, kind, path into the resolved RunConfig dict).
@@ -113,7 +117,7 @@ CONFIG_COLUMNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("prefetch_fraction", "float", ("prefetch", "prefetch_fraction")),
     ("model", "str", ("agent", "model", "name")),  # see _flatten_config: only agent/classifier
     ("batch_size", "int", ("train", "batch_size")),
-    ("epochs", "int", ("train", "epochs")),
+    ("planned_epochs", "int", ("train", "epochs")),
 ]
 RUN_COLUMNS: dict[str, str] = {
     "run_id": "str", "study": "str",
@@ -226,23 +230,24 @@ def _coerce(value: Any, kind: str) -> Any:
 def _records_table(run_id: str, rows: list[tuple[int, dict]], kinds: dict[str, str]) -> pa.Table:
     """(rank, record) pairs -> an Arrow table with the child table's columns."""
     n = len(rows)
+    names = list(kinds)
     extras: list[dict | None] = [None] * n
     columns: dict[str, pa.Array] = {
         "run_id": pa.array([run_id] * n, pa.string()),
         "rank": pa.array([r for r, _ in rows], pa.int32()),
     }
-    for name, kind in kinds.items():
-        values = [rec.get(name) for _, rec in rows]
-        try:  # fast path: every value already fits the column type
-            # (pyarrow would truncate 1.5 to 1 and reject bools in an int column: check first)
-            if kind == "int" and not all(v is None or type(v) is int for v in values):
-                raise pa.ArrowInvalid("non-int values in an integer column")
-            if kind in ("str", "json"):
-                raise pa.ArrowInvalid("text columns always go through _coerce")
-            columns[name] = pa.array(values, _ARROW_TYPE[kind])
+    getter = itemgetter(*names)
+    try:  # records usually carry every field: one C call per record
+        tuples = [getter(rec) for _, rec in rows]
+    except KeyError:
+        tuples = [tuple(rec.get(k) for k in names) for _, rec in rows]
+    by_column = list(zip(*tuples)) if tuples else [()] * len(names)
+    for name, values in zip(names, by_column):
+        kind = kinds[name]
+        arr = _fast_array(list(values), kind)
+        if arr is not None:
+            columns[name] = arr
             continue
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            pass
         out = []
         for i, v in enumerate(values):
             c = _coerce(v, kind)
@@ -252,16 +257,48 @@ def _records_table(run_id: str, rows: list[tuple[int, dict]], kinds: dict[str, s
                 c = True if isinstance(c, _FlagText) else None
             out.append(c)
         columns[name] = pa.array(out, _ARROW_TYPE[kind])
-    known = set(kinds)
-    for i, (rank, rec) in enumerate(rows):
-        for k, v in rec.items():
-            if k not in known and not (k == "rank" and v == rank) and k != "run_id":
-                extras[i] = extras[i] or {}
-                extras[i][k] = v
+    known = frozenset(names) | {"run_id", "rank"}
+    all_keys = set().union(*(rec.keys() for _, rec in rows))
+    beyond = not all_keys <= frozenset(names)  # usually False: nothing beyond the contract
+    for i, (rank, rec) in enumerate(rows if beyond else ()):
+        unknown = rec.keys() - known
+        if "rank" in rec and rec["rank"] != rank:  # a record's own rank disagrees: keep it
+            unknown.add("rank")
+        if "run_id" in rec and rec["run_id"] != run_id:
+            unknown.add("run_id")
+        if unknown:
+            extras[i] = extras[i] or {}
+            extras[i].update((k, rec[k]) for k in sorted(unknown))
     columns["extra"] = pa.array(
         [None if e is None else json.dumps(e, default=str, sort_keys=True) for e in extras],
         pa.string())
     return pa.table(columns)
+
+
+_FAST_OK = {  # inferred Arrow type -> fine as is for this kind (nulls are fine everywhere)
+    "int": (pa.int64(),),
+    "float": (pa.int64(), pa.float64()),
+    "bool": (pa.bool_(),),
+    "flag": (pa.bool_(),),
+    "str": (pa.string(),),
+}
+
+
+def _fast_array(values: list, kind: str) -> pa.Array | None:
+    """The column as Arrow when every value already has the column's type (type inferred in
+    C), else None: the caller coerces value by value. (Not pa.array(values, type): pyarrow
+    would silently truncate 1.5 to 1 in an int64 column.)"""
+    if kind not in _FAST_OK:
+        return None
+    try:
+        arr = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return None
+    if arr.type == pa.null():
+        return pa.nulls(len(values), _ARROW_TYPE[kind])
+    if arr.type not in _FAST_OK[kind]:
+        return None
+    return arr.cast(_ARROW_TYPE[kind]) if arr.type != _ARROW_TYPE[kind] else arr
 
 
 def _dig(d: Any, path: tuple[str, ...]) -> Any:
@@ -296,6 +333,19 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
             else:
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
     return sorted(found)
+
+
+def _read_records(path: Path) -> list:
+    """records.read_jsonl, faster: the whole file parsed in one call when every line is a JSON
+    object; otherwise (a torn or corrupt line) line by line through read_jsonl itself."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    try:
+        recs = json.loads("[" + ",".join(lines) + "]")
+    except json.JSONDecodeError:
+        return read_jsonl(path)
+    if len(recs) != len(lines) or not all(isinstance(r, dict) for r in recs):
+        return read_jsonl(path)  # a line held more (or less) than one record
+    return recs
 
 
 def _rank_files(run_dir: Path) -> dict[str, dict[int, Path]]:
@@ -484,13 +534,96 @@ class ResultsStore:
     # ingest
     def ingest_run(self, run_dir: str | Path, study: str | None = None,
                    force: bool = False) -> IngestResult:
-        """Collect one run directory, replacing whatever the store held for that run.
+        """Collect one run directory, replacing whatever the store held for that run, in one
+        transaction.
 
         study: a study name for a run whose run.json names none (a run.json's own study wins).
         force: re-ingest even if the directory is unchanged since the last collect.
         """
         self._need_writer()
-        run_dir = Path(run_dir)
+        parsed = self._parse_run(Path(run_dir), study, force, known=None)
+        if isinstance(parsed, _Parsed):
+            self._write([parsed])
+            return parsed.result
+        return parsed
+
+    def ingest_runs(self, dirs: Iterable[str | Path], study: str | None = None,
+                    force: bool = False, progress: bool = False) -> CollectSummary:
+        """Collect every run directory at or below `dirs`.
+
+        Runs are written in batches (one transaction each, up to BATCH_RUNS runs or
+        BATCH_ROWS rows): a batch replaces its runs' rows all at once. A run that cannot be read
+        is reported in `errors` and does not stop the others.
+
+        study: runs whose run.json names no study are tagged with it; with a study given, runs
+        whose run.json names a *different* study are left out (listed in the log).
+        """
+        self._need_writer()
+        dirs = list(dirs)
+        run_dirs = find_run_dirs(dirs)
+        summary = CollectSummary()
+        known = dict(self.con.execute("SELECT run_id, fingerprint FROM runs").fetchall())
+        batch: dict[str, _Parsed] = {}
+        bar = _progress(progress, len(run_dirs))
+
+        def flush() -> None:
+            if not batch:
+                return
+            parsed = list(batch.values())
+            batch.clear()
+            try:
+                self._write(parsed)
+            except duckdb.Error as exc:  # find the culprit: one run per transaction
+                log.warning("batch of %d runs failed (%s); writing them one by one",
+                            len(parsed), exc)
+                for p in parsed:
+                    try:
+                        self._write([p])
+                    except duckdb.Error as exc1:
+                        summary.errors.append((p.result.run_dir, str(exc1)))
+                        continue
+                    summary.results.append(p.result)
+                return
+            summary.results.extend(p.result for p in parsed)
+
+        try:
+            for d in run_dirs:
+                try:
+                    if study is not None:
+                        named = _run_json_study(d)
+                        if named not in (None, study):
+                            log.info("skip %s: study %r, not %r", d, named, study)
+                            continue
+                    parsed = self._parse_run(d, study, force, known)
+                except (OSError, ValueError) as exc:
+                    log.warning("cannot collect %s: %s", d, exc)
+                    summary.errors.append((d, str(exc)))
+                    continue
+                finally:
+                    bar.advance()
+                if not isinstance(parsed, _Parsed):
+                    summary.results.append(parsed)  # unchanged, skipped
+                    continue
+                rid = parsed.result.run_id
+                if rid in batch:
+                    log.warning("run_id %r in both %s and %s; the latter wins", rid,
+                                batch[rid].result.run_dir, d)
+                batch[rid] = parsed
+                if len(batch) >= BATCH_RUNS or \
+                        sum(p.rows for p in batch.values()) >= BATCH_ROWS:
+                    flush()
+            flush()
+        finally:
+            bar.stop()
+        if study is not None:  # the study row: where it was collected from, how many runs
+            self._in_transaction(self._touch_study, study,
+                                 ", ".join(str(Path(d).resolve()) for d in dirs), True)
+        return summary
+
+    def _parse_run(self, run_dir: Path, study: str | None, force: bool,
+                   known: dict[str, str] | None) -> "_Parsed | IngestResult":
+        """Reads a run directory into Arrow tables; an IngestResult(skipped) if unchanged.
+        known: run_id -> fingerprint already stored (None: look it up)."""
         run_json = run_dir / "run.json"
         if not run_json.is_file():
             raise FileNotFoundError(f"{run_dir}: no run.json (not a run directory)")
@@ -507,79 +640,52 @@ class ResultsStore:
         all_files = [run_json] + [p for per in files.values() for p in per.values()]
         fp = _fingerprint(run_dir, all_files, study)
         if not force:
-            row = self._one("SELECT fingerprint FROM runs WHERE run_id = ?", [run_id])
-            if row is not None and row[0] == fp:
+            if known is None:
+                row = self._one("SELECT fingerprint FROM runs WHERE run_id = ?", [run_id])
+                stored = row[0] if row else None
+            else:
+                stored = known.get(run_id)
+            if stored == fp:
                 return IngestResult(run_id, run_dir, meta.get("status"), skipped=True)
 
         tables: dict[str, pa.Table] = {}
         for table, per_rank in files.items():
             rows: list[tuple[int, dict]] = []
             for rank in sorted(per_rank):
-                recs = [r for r in read_jsonl(per_rank[rank]) if isinstance(r, dict)]
+                recs = [r for r in _read_records(per_rank[rank]) if isinstance(r, dict)]
                 rows.extend((rank, r) for r in _dedupe(recs, ROW_KEY[table]))
             if rows:
                 tables[table] = _records_table(run_id, rows, FIELD_KINDS[table])
         ranks = set().union(*(per.keys() for per in files.values()))
         run_row = self._run_row(meta, run_id, study, run_dir, fp, len(ranks))
+        result = IngestResult(run_id, run_dir, meta.get("status"),
+                              rows={t: tables[t].num_rows if t in tables else 0
+                                    for t in CHILD_TABLES})
+        return _Parsed(result, run_row, tables, study)
 
+    def _write(self, parsed: list["_Parsed"]) -> None:
+        """Replaces the rows of these runs, in one transaction."""
         con = self.con
+        ids = pa.table({"run_id": pa.array([p.result.run_id for p in parsed], pa.string())})
         con.execute("BEGIN")
         try:
+            con.register("_ids", ids)
+            for table in CHILD_TABLES + ("runs",):
+                con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT run_id FROM _ids)")
+            _insert(con, "runs", pa.concat_tables([p.run_row for p in parsed]))
             for table in CHILD_TABLES:
-                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
-            con.register("_run_row", run_row)
-            try:
-                con.execute("INSERT INTO runs BY NAME SELECT * FROM _run_row")
-            finally:
-                con.unregister("_run_row")
-            for table, tbl in tables.items():
-                con.register("_ingest", tbl)
-                try:
-                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _ingest")
-                finally:
-                    con.unregister("_ingest")
-            if study:
-                self._touch_study(study, runs_root=str(run_dir.parent))
+                parts = [p.tables[table] for p in parsed if table in p.tables]
+                if parts:
+                    _insert(con, table, pa.concat_tables(parts))
+            studies = {p.study: str(p.result.run_dir.parent) for p in parsed if p.study}
+            for name, root in studies.items():
+                self._touch_study(name, runs_root=root)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        return IngestResult(run_id, run_dir, meta.get("status"),
-                            rows={t: tables[t].num_rows if t in tables else 0
-                                  for t in CHILD_TABLES})
-
-    def ingest_runs(self, dirs: Iterable[str | Path], study: str | None = None,
-                    force: bool = False, progress: bool = False) -> CollectSummary:
-        """Collect every run directory at or below `dirs`; one transaction per run, so one
-        unreadable run is reported in `errors` and does not stop the others.
-
-        study: runs whose run.json names no study are tagged with it; with a study given, runs
-        whose run.json names a *different* study are left out (listed in the log).
-        """
-        run_dirs = find_run_dirs(dirs)
-        summary = CollectSummary()
-        bar = _progress(progress, len(run_dirs))
-        try:
-            for d in run_dirs:
-                try:
-                    if study is not None:
-                        named = _run_json_study(d)
-                        if named not in (None, study):
-                            log.info("skip %s: study %r, not %r", d, named, study)
-                            continue
-                    summary.results.append(self.ingest_run(d, study=study, force=force))
-                except (OSError, ValueError, duckdb.Error) as exc:
-                    log.warning("cannot collect %s: %s", d, exc)
-                    summary.errors.append((d, str(exc)))
-                finally:
-                    bar.advance()
         finally:
-            bar.stop()
-        if study is not None:  # the study row: where it was collected from, how many runs
-            self._in_transaction(self._touch_study, study,
-                                 ", ".join(str(Path(d).resolve()) for d in dirs), True)
-        return summary
+            con.unregister("_ids")
 
     def ingest_study(self, study_name: str, runs_root: str | Path, force: bool = False,
                      progress: bool = False) -> CollectSummary:
@@ -700,6 +806,28 @@ class ResultsStore:
     def _need_writer(self) -> None:
         if self.read_only:
             raise ValueError(f"{self.path} is open read-only; open ResultsStore(path) to write")
+
+
+@dataclass
+class _Parsed:
+    """A run read from disk, ready to be written."""
+
+    result: IngestResult
+    run_row: pa.Table
+    tables: dict[str, pa.Table]
+    study: str | None
+
+    @property
+    def rows(self) -> int:
+        return sum(t.num_rows for t in self.tables.values())
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
+    con.register("_ingest", data)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _ingest")
+    finally:
+        con.unregister("_ingest")
 
 
 def _flatten_config(config: dict) -> dict[str, Any]:

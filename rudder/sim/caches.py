@@ -34,6 +34,7 @@ class Cache:
         self.res = _EMPTY  # resident items (order is the policy's business, not meaningful here)
         self.clock = 0  # logical time: one tick per access
         self.evictions = 0
+        self.admitted = 0  # items the last access() admitted
 
     # ---- the one access path --------------------------------------------------------------
     def access(self, req: np.ndarray) -> int:
@@ -42,6 +43,7 @@ class Cache:
         times = self.clock + np.arange(req.size, dtype=np.int64)
         self.clock += req.size
         hm = self.resident[req]
+        self.admitted = 0
         if hm.any():
             self._on_hit(req[hm], times[hm])
         if self.capacity > 0 and not hm.all():
@@ -62,6 +64,7 @@ class Cache:
         if items.size > self.capacity:  # keep the last `capacity` of them
             items, times = items[-self.capacity :], times[-self.capacity :]
         self._on_miss(items)
+        self.admitted = int(items.size)
         n = self.res.size + items.size - self.capacity
         if n > 0:
             v = self._victims(min(n, self.res.size))

@@ -48,11 +48,10 @@ def policy_names() -> list[str]:
 
 # ---- policy specs -------------------------------------------------------------------------
 def expand_grid(spec: str) -> list[str]:
-    """'fixed:10,25' -> ['fixed:10', 'fixed:25']; each colon field may be a comma list."""
-    base, *args = spec.split(":")
-    if not args:
-        return [base]
-    return [":".join([base, *combo]) for combo in itertools.product(*(a.split(",") for a in args))]
+    """'fixed:10,25' -> ['fixed:10', 'fixed:25']; every colon field may be a comma list
+    ('static,lru' -> ['static', 'lru'])."""
+    fields = [f.split(",") for f in spec.split(":")]
+    return [":".join(combo) for combo in itertools.product(*fields)]
 
 
 @dataclass
@@ -290,7 +289,6 @@ def _empty_counts(S: int) -> dict[str, np.ndarray]:
 def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify) -> SimResult:
     import torch
 
-    from rudder.prefetch.buffer import HaloBuffer
     from rudder.prefetch.metrics import MetricsCollector, hit_rate
     from rudder.prefetch.policies import make_policy
     from rudder.prefetch.policy import StepInfo
@@ -311,14 +309,15 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
         res.windows = _post_hoc_windows(res, pc.window)
         return res
 
-    halo_t = torch.from_numpy(trace.halo)
-    buf = HaloBuffer(halo_t, C, 0, alpha=pc.alpha, period=pc.period, store_features=False)
+    # The replay runs in halo-position space (ids translated once per trace, see
+    # PositionBuffer); the buffer, scores and replacement rules are HaloBuffer's own.
+    buf = PositionBuffer(trace.num_halo, C, alpha=pc.alpha, period=pc.period)
     if init.size:
-        buf.fill(halo_t[torch.from_numpy(np.sort(init))])
+        buf.fill(torch.from_numpy(np.sort(init)))
     pol.setup(ctx)
     collector = MetricsCollector(pc.window)
     depth = pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
-    ids_t = torch.from_numpy(trace.ids)
+    ids_t = torch.from_numpy(position_ids(trace))
     off = trace.offsets.tolist()
     epochs, steps = trace.epoch.tolist(), trace.steps().tolist()
     epoch_end = _epoch_ends(trace.epoch)
@@ -376,6 +375,44 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
     return res
 
 
+def position_ids(trace: Trace) -> np.ndarray:
+    """Every access as its halo position (0..H-1), or -1 where the id is not a halo node."""
+    return trace.halo_positions()[1]
+
+
+def _position_buffer_class():
+    from rudder.prefetch.buffer import HaloBuffer
+
+    class PositionBuffer(HaloBuffer):
+        """A HaloBuffer whose node ids are halo positions 0..H-1 (non-halo ids: -1).
+
+        The trace is translated to positions once (one binary search over all accesses,
+        `position_ids`), so the replay's id -> position lookup is a range check instead of a
+        binary search per minibatch (twice per step in `begin_step`). Nothing else differs:
+        lookup, scoring, planning and replacement are HaloBuffer's, called by the shared
+        `begin_step`/`finish_step`."""
+
+        def __init__(self, num_halo: int, capacity: int, **kw):
+            import torch
+
+            super().__init__(torch.arange(num_halo, dtype=torch.int64), capacity, 0,
+                             store_features=False, **kw)
+            self._H = num_halo
+
+        def halo_positions(self, ids):
+            is_halo = (ids >= 0) & (ids < self._H)
+            return is_halo, ids.clamp(0, max(self._H - 1, 0))
+
+    return PositionBuffer
+
+
+def PositionBuffer(num_halo: int, capacity: int, **kw):  # noqa: N802 - a class, built lazily
+    global PositionBuffer
+    cls = _position_buffer_class()
+    PositionBuffer = cls  # later calls construct directly
+    return cls(num_halo, capacity, **kw)
+
+
 def _epoch_ends(epoch: np.ndarray) -> list[int]:
     """For each minibatch, the index one past the last minibatch of its epoch."""
     S = epoch.size
@@ -426,11 +463,12 @@ def _simulate_cache(trace, spec, C, init, rank, verify) -> SimResult:
     sizes = trace.sizes()
     cache = make_cache(spec.base, C, trace.num_halo)
     cache.fill(init)
-    hits = counts["hits"]
+    hits, adm = counts["hits"], counts["admitted_rows"]
     t0 = time.perf_counter()
     before = cache.size
     for g, req in enumerate(_minibatch_items(trace)):
         hits[g] = cache.access(req)
+        adm[g] = cache.admitted
         if verify:
             cache.verify()
     seconds = time.perf_counter() - t0

@@ -76,6 +76,16 @@ class Trace:
     def minibatch(self, i: int) -> np.ndarray:
         return self.ids[self.offsets[i] : self.offsets[i + 1]]
 
+    def head(self, n: int) -> "Trace":
+        """The first n minibatches (e.g. to match a run that stopped early)."""
+        n = max(0, min(int(n), self.num_minibatches))
+        return Trace(
+            halo=self.halo, offsets=self.offsets[: n + 1], ids=self.ids[: self.offsets[n]],
+            epoch=self.epoch[:n], init=self.init, capacity=self.capacity, feat_bytes=self.feat_bytes,
+            part_id=self.part_id, num_parts=self.num_parts, input_rows=self.input_rows[:n],
+            meta=dict(self.meta),
+        )
+
     def sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
 

@@ -151,8 +151,9 @@ def load_graph(name: str, seed: int | None = None):
     return g, 4 * s.feat_dim
 
 
-def generate_trace(spec: TraceGenSpec, g=None) -> tuple[Trace, dict]:
-    """(trace, graph facts) for `spec`; `g` overrides the preset (e.g. dgl.rand_graph)."""
+def generate_trace(spec: TraceGenSpec, g=None, owner: np.ndarray | None = None) -> tuple[Trace, dict]:
+    """(trace, graph facts) for `spec`; `g` overrides the preset (e.g. dgl.rand_graph), `owner`
+    the partitioning (METIS is not deterministic across calls)."""
     import dataclasses
 
     spec.validate()
@@ -161,7 +162,8 @@ def generate_trace(spec: TraceGenSpec, g=None) -> tuple[Trace, dict]:
         g, fb = load_graph(spec.graph, spec.seed)
         if spec.feat_bytes is None:
             spec = dataclasses.replace(spec, feat_bytes=fb)
-    owner = partition_assignment(g, spec.parts, spec.method, spec.seed)
+    if owner is None:
+        owner = partition_assignment(g, spec.parts, spec.method, spec.seed)
     t_part = time.perf_counter() - t0
     trace = trace_from_graph(g, owner, spec)
     facts = {

@@ -10,6 +10,7 @@ watched by `workflows/scaling_study.py`, and the two remote launch paths (Slurm,
   dag.py        the DAG: stage once per dataset, partition once per (dataset, machines), runs,
                 collect one at a time, report; resume; live view; summary
   globus.py     Globus Compute submission (login check, executor) and the local engine harness
+  view.py       the live panel (rich) and the summary table
   testcluster.py  a throw-away Slurm cluster for tests (slurmctld + slurmd under a temp dir)
 
 Nothing here imports torch or dgl at module level: the study process stays light.

@@ -164,7 +164,7 @@ class LaunchModel(Strict):
 class ExecutionConfig(Strict):
     retries: int = Field(0, ge=0, description="Parsl retries of a failed app")
     strategy_period: float = Field(1.0, gt=0, description="s between scaling decisions (5 adds s)")
-    parsl_run_dir: str = "runinfo"  # Parsl's own logs
+    parsl_run_dir: str | None = None  # Parsl's own logs; None: <runs_dir>/<study>/runinfo
     executors: dict[str, Executor] = Field(min_length=1)
     apps: dict[Literal["stage", "partition", "train", "collect", "report"], str] = {}
     launch: LaunchModel = LaunchModel()
@@ -321,7 +321,7 @@ def build_parsl_config(ex: ExecutionConfig, run_dir: str | Path | None = None,
     if COLLECTOR in routes:
         executors.append(ThreadPoolExecutor(label=COLLECTOR, max_threads=1))
     return Config(executors=executors, retries=ex.retries, strategy_period=ex.strategy_period,
-                  run_dir=str(run_dir or ex.parsl_run_dir), app_cache=False,
+                  run_dir=str(run_dir or ex.parsl_run_dir or "runinfo"),
                   initialize_logging=True)
 
 
@@ -332,8 +332,9 @@ def with_endpoint(ex: ExecutionConfig, endpoint_id: str, mpi: bool | None = None
         uid = UUID(str(endpoint_id))
     except ValueError:
         raise ConfigError(f"--endpoint: not a UUID: {endpoint_id!r}") from None
-    gce = GlobusComputeModel(type="GlobusComputeExecutor", endpoint_id=uid,
-                             mpi=bool(mpi) if mpi is not None else False)
+    if mpi is None:  # runs that take whole nodes here take them there too (GlobusMPIEngine)
+        mpi = ex.is_mpi(ex.route("train"))
+    gce = GlobusComputeModel(type="GlobusComputeExecutor", endpoint_id=uid, mpi=mpi)
     return ex.model_copy(update={
         "executors": {"globus": gce},
         "apps": {a: "globus" for a in HEAVY_APPS + LIGHT_APPS},

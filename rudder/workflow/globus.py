@@ -44,11 +44,29 @@ def check_login() -> None:
         raise GlobusUnavailable(f"globus-compute-sdk is not installed ({exc})") from None
     try:
         app = get_globus_app()
-        needed = app.login_required()
-    except Exception as exc:  # bad client env vars, unreadable token storage
-        raise GlobusUnavailable(f"Globus Compute credentials unusable: {exc}; {LOGIN_HINT}") from None
+        needed = app.login_required()  # a client identity fetches its tokens here (network)
+    except Exception as exc:
+        if _is_network_error(exc):
+            raise GlobusUnavailable(f"cannot reach the Globus service to check credentials "
+                                    f"({_one_line(exc)}); check this machine's network") from None
+        # bad client env vars, unreadable token storage, rejected client secret
+        raise GlobusUnavailable(f"Globus Compute credentials unusable ({_one_line(exc)}); "
+                                f"{LOGIN_HINT}") from None
     if needed:
         raise GlobusUnavailable(f"Globus Compute needs a login on this machine; {LOGIN_HINT}")
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    try:
+        from globus_sdk import NetworkError
+    except ImportError:  # pragma: no cover
+        NetworkError = ()  # type: ignore[assignment]
+    return isinstance(exc, NetworkError) or isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1]}" if text else type(exc).__name__
 
 
 def check_endpoint(endpoint_id: str) -> dict:
@@ -61,10 +79,8 @@ def check_endpoint(endpoint_id: str) -> dict:
         client = Client(do_version_check=False)
         status = client.get_endpoint_status(endpoint_id)
     except Exception as exc:  # globus_sdk.NetworkError, GlobusAPIError (404, 403), ...
-        kind = type(exc).__name__
-        raise GlobusUnavailable(f"cannot reach Globus Compute for endpoint {endpoint_id} "
-                                f"({kind}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''})"
-                                ) from None
+        what = "cannot reach Globus Compute" if _is_network_error(exc) else "Globus Compute refused"
+        raise GlobusUnavailable(f"{what} for endpoint {endpoint_id} ({_one_line(exc)})") from None
     state = (status or {}).get("status")
     if state != "online":
         raise GlobusUnavailable(f"endpoint {endpoint_id} is {state or 'unknown'}: start it "

@@ -40,6 +40,8 @@ AXES = {
     "trainers": "cluster.trainers_per_machine",
     "policy": "prefetch.policy",
 }
+LIST_KEY = {"dataset": "datasets", "machines": "machines", "trainers": "trainers",
+            "policy": "policies"}  # the study list of each axis
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
@@ -84,7 +86,7 @@ class StudyConfig(BaseModel):
         for key, values in v.items():
             if key in AXES.values():
                 axis = next(a for a, k in AXES.items() if k == key)
-                raise ValueError(f"{key} is an axis of its own: use `{axis}s` (or `{axis}`)")
+                raise ValueError(f"{key} is an axis of its own: use the study's `{LIST_KEY[axis]}`")
             if not values:
                 raise ValueError(f"{key}: needs at least one value")
         return v
@@ -232,7 +234,7 @@ def expand(cfg: StudyConfig, base: dict | None = None, source: str = "<dict>",
         for axis, target in AXES.items():
             if key == target:
                 raise ConfigError(f"invalid study {source}:\n  run.{key}: set by the study's "
-                                  f"`{axis}s` list (or `{axis}`), not under run:")
+                                  f"`{LIST_KEY[axis]}` list, not under run:")
     _check_exclude(cfg, source)
     common = deep_merge(base or {}, cfg.run)
     _validate_run(common, "run.", source)  # a typo in run: names its key even if no run is left

@@ -95,7 +95,7 @@ def run_block(config: dict, run_id: str, study: str | None = None,
         info = read_run_json(run_dir)
         return {"run_id": run_id, "run_dir": str(run_dir), "status": "complete",
                 "skipped": True, "wall_s": info.get("wall_s"), "reason": ""}
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     if timeout_s is None:
         timeout_s = cfg.cluster.run_timeout_s + 300.0
     env = dict(os.environ)
@@ -109,7 +109,7 @@ def run_block(config: dict, run_id: str, study: str | None = None,
     if study:
         argv += ["--study", study]
     t0 = time.time()
-    log_path = run_dir / "logs" / "block.log"
+    log_path = run_dir / "block.log"  # logs/ is the cluster's: it clears it at each start
     with open(log_path, "ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt on {os.uname().nodename}"
                   f" pid {os.getpid()}\n".encode())

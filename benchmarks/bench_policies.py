@@ -1,0 +1,118 @@
+"""Policies side by side on real emulated clusters: remote rows fetched and epoch time as
+ratios to `none`, %-hits as a fraction of Belady's on the same trace, buffer overhead share.
+
+  python benchmarks/bench_policies.py --dataset synth-bench --machines 2 4 \
+      --fractions 0.25 0.5 --bandwidth 1gbit --epochs 1 --max-steps 40
+
+Prints a Markdown table (paste into BENCHMARKS.md) and writes it to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rudder.config import RunConfig
+from rudder.records import read_jsonl
+from rudder.runner import execute_run
+
+
+def summarize(run_dir: Path, ranks: int) -> dict:
+    mbs = [m for r in range(ranks) for m in read_jsonl(run_dir / f"minibatches-r{r}.jsonl")]
+    eps = [e for r in range(ranks) for e in read_jsonl(run_dir / f"epochs-r{r}.jsonl")]
+    remote = sum(m["remote_rows"] for m in mbs)
+    hits = sum(m["hits"] for m in mbs)
+    t_mb = sum(m["t_sample"] + m["t_fetch"] + m["t_compute"] for m in mbs)
+    out = {
+        "epoch_s": float(np.mean([e["t_epoch"] for e in eps])),
+        "fetched_rows_per_epoch": sum(m["fetched_rows"] for m in mbs) / max(1, len(eps) / ranks) / ranks,
+        "remote_rows": remote,
+        "hit_rate": hits / remote if remote else 0.0,
+        "buffer_share": sum(m["t_buffer"] for m in mbs) / t_mb if t_mb else 0.0,
+        "t_fetch_share": sum(m["t_fetch"] for m in mbs) / t_mb if t_mb else 0.0,
+        "val_acc": float(np.mean([e["val_acc"] for e in eps if e.get("val_acc") is not None] or [0])),
+        "hits": hits,
+    }
+    return out
+
+
+def belady_hits(run_dir: Path, ranks: int) -> int:
+    from rudder.prefetch.oracle import belady
+    from rudder.sim.trace import Trace
+
+    total = 0
+    for r in range(ranks):
+        p = run_dir / f"trace-r{r}.npz"
+        if p.exists():
+            total += int(belady(Trace.load(p)).hits)
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="synth-bench")
+    ap.add_argument("--machines", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5])
+    ap.add_argument("--policies", nargs="+", default=["none", "static", "fixed", "lookahead"])
+    ap.add_argument("--bandwidth", default="1gbit")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--max-steps", type=int, default=40)
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--runs-dir", default="runs/bench")
+    ap.add_argument("--out", default="benchmarks/results/policies.md")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    rows = []
+    for machines in args.machines:
+        for frac in args.fractions:
+            base = None
+            for policy in args.policies:
+                cfg = RunConfig.model_validate({
+                    "dataset": {"name": args.dataset},
+                    "train": {"epochs": args.epochs, "batch_size": args.batch_size,
+                              "max_steps_per_epoch": args.max_steps, "eval_every": 0},
+                    "prefetch": {"policy": policy, "prefetch_fraction": frac},
+                    "cluster": {"machines": machines, "bandwidth": args.bandwidth, "run_timeout_s": 3600},
+                    "runs_dir": args.runs_dir,
+                })
+                t0 = time.time()
+                res = execute_run(cfg)
+                if not res.ok:
+                    rows.append((machines, frac, policy, f"FAILED: {res.reason}"))
+                    continue
+                s = summarize(res.run_dir, machines)
+                s["belady_hits"] = belady_hits(res.run_dir, machines)
+                s["wall_s"] = time.time() - t0
+                if policy == "none":
+                    base = s
+                rows.append((machines, frac, policy, s, base))
+    lines = [
+        f"dataset {args.dataset}, bandwidth {args.bandwidth}, batch {args.batch_size}, "
+        f"{args.epochs} epoch(s) x {args.max_steps} minibatches, 1 trainer/machine",
+        "",
+        "| machines | fraction | policy | rows fetched / none | epoch time / none | %-hits | hits / Belady | buffer overhead | val acc |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if isinstance(row[3], str):
+            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | | | | | |")
+            continue
+        m, f, p, s, base = row
+        rr = s["fetched_rows_per_epoch"] / base["fetched_rows_per_epoch"] if base else float("nan")
+        tr = s["epoch_s"] / base["epoch_s"] if base else float("nan")
+        hb = s["hits"] / s["belady_hits"] if s["belady_hits"] else float("nan")
+        lines.append(f"| {m} | {f} | {p} | {rr:.2f} | {tr:.2f} | {100 * s['hit_rate']:.1f} | {hb:.2f} | "
+                     f"{100 * s['buffer_share']:.1f}% | {s['val_acc']:.3f} |")
+    text = "\n".join(lines)
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text + "\n")
+    Path(args.out).with_suffix(".json").write_text(json.dumps([r[:4] for r in rows], default=str, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""`rudder oracle RUN_DIR`: how far a run's buffer was from the hindsight optimum.
+
+For every trace-r<R>.npz of the run, Belady's optimal replacement (demand fetch, bypass; see
+rudder.prefetch.oracle) is computed for the run's capacity and initial fill, and set beside what
+the run measured (minibatches-r<R>.jsonl: hits, remote_rows, fetched_rows). Written to
+oracle-r<R>.json in the run directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "oracle",
+        help="compare a run's buffer hits with Belady's optimum on its traces",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", type=Path, help="a run directory holding trace-r<R>.npz files")
+    p.add_argument("--start", choices=["init", "empty"], default="init",
+                   help="Belady starts from the run's initial fill (default) or an empty buffer")
+    p.add_argument("--capacity", type=int, default=None, help="override the run's capacity (rows)")
+    p.add_argument("--no-write", action="store_true", help="print only; write no oracle-r<R>.json")
+    p.set_defaults(func=main)
+
+
+def compare_run(run_dir: Path, start: str = "init", capacity: int | None = None,
+                write: bool = True) -> list[dict]:
+    """One comparison dict per rank (also written as oracle-r<R>.json unless write=False)."""
+    from rudder.prefetch.oracle import belady
+    from rudder.records import read_jsonl, write_json_atomic
+    from rudder.sim.trace import Trace, find_traces
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run directory at {run_dir}")
+    traces = find_traces(run_dir)
+    if not traces:
+        raise FileNotFoundError(f"no trace-r<R>.npz in {run_dir} (was prefetch.record_trace off, "
+                                "or the policy 'none', which has no buffer?)")
+    out = []
+    for rank, path in traces.items():
+        trace = Trace.load(path)
+        recs = read_jsonl(run_dir / f"minibatches-r{rank}.jsonl")
+        recs = sorted(recs, key=lambda r: r.get("global_step", 0))
+        n = trace.num_minibatches
+        note = None
+        if recs and len(recs) != n:
+            note = f"run has {len(recs)} minibatch records, trace {n}: compared on the first " \
+                   f"{min(len(recs), n)}"
+            n = min(len(recs), n)
+            trace, recs = trace.head(n), recs[:n]
+        b = belady(trace, capacity, start)
+        bs = b.summary()
+        run = None
+        if recs:
+            run = {k: int(sum(int(r.get(k) or 0) for r in recs))
+                   for k in ("hits", "remote_rows", "fetched_rows", "replaced_rows")}
+            run["minibatches"] = len(recs)
+            run["hit_rate"] = run["hits"] / run["remote_rows"] if run["remote_rows"] else 0.0
+            if run["remote_rows"] != bs["remote_rows"]:
+                note = (note + "; " if note else "") + (
+                    f"remote rows differ (run {run['remote_rows']}, trace {bs['remote_rows']})")
+        res = {
+            "rank": rank, "trace": str(path), "capacity": b.capacity, "start": start,
+            "minibatches": n, "belady": bs, "run": run,
+            # share of the optimum's hits the run got (can exceed 1 only by pulling extra rows)
+            "hits_fraction_of_optimal": (run["hits"] / bs["hits"] if run and bs["hits"] else None),
+            # rows the run fetched per row the optimum fetched (>= 1: nothing fetches fewer)
+            "fetched_ratio_to_optimal": (run["fetched_rows"] / bs["fetched_rows"]
+                                         if run and bs["fetched_rows"] else None),
+            "note": note,
+        }
+        if write:
+            write_json_atomic(run_dir / f"oracle-r{rank}.json", res)
+        out.append(res)
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'rank':>4} {'minibatches':>11} {'remote rows':>12} {'run hit%':>9} {'belady hit%':>12} " \
+           f"{'run/optimal':>12} {'run fetched':>12} {'belady fetched':>15}"
+    lines = [head]
+    for r in rows:
+        b, run = r["belady"], r["run"]
+        frac = r["hits_fraction_of_optimal"]
+        run_hr = f"{100 * run['hit_rate']:.1f}" if run else "-"
+        run_fetched = str(run["fetched_rows"]) if run else "-"
+        frac_s = f"{frac:.3f}" if frac is not None else "-"
+        lines.append(
+            f"{r['rank']:>4} {r['minibatches']:>11} {b['remote_rows']:>12} {run_hr:>9} "
+            f"{100 * b['hit_rate']:>12.1f} {frac_s:>12} {run_fetched:>12} {b['fetched_rows']:>15}"
+        )
+        if r.get("note"):
+            lines.append(f"     note: {r['note']}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    rows = compare_run(args.run_dir, args.start, args.capacity, write=not args.no_write)
+    print(format_table(rows))
+    if not args.no_write:
+        names = ", ".join(f"oracle-r{r['rank']}.json" for r in rows)
+        print(f"wrote {names} in {args.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser(prog="rudder")
+    register(parser.add_subparsers())
+    a = parser.parse_args()
+    raise SystemExit(a.func(a))

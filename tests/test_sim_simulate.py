@@ -1,0 +1,194 @@
+"""Trace I/O, the simulator (buffer policies through the shared step, classic caches, Belady),
+its run directories, and `rudder sim`."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rudder.prefetch.buffer import HaloBuffer
+from rudder.prefetch.policy import Replace
+from rudder.prefetch.step import begin_step, finish_step
+from rudder.records import MINIBATCH_FIELDS, WINDOW_FIELDS, read_jsonl
+from rudder.sim.simulate import expand_grid, load_source, parse_policy, simulate, write_sim_run
+from rudder.sim.trace import Trace, TraceWriter, find_traces
+from rudder.sim.tracegen import random_trace
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return random_trace(halo=400, minibatches=40, batch=120, nonhalo=0.15, capacity=0.25,
+                        skew=0.8, epochs=2, seed=7)
+
+
+# ---- trace format ---------------------------------------------------------------------------
+def test_trace_roundtrip_and_accessors(tmp_path, trace):
+    p = trace.save(tmp_path / "trace-r3.npz")
+    t = Trace.load(p)
+    for k in ("halo", "offsets", "ids", "epoch", "init", "input_rows"):
+        assert np.array_equal(getattr(t, k), getattr(trace, k)), k
+    assert (t.capacity, t.feat_bytes, t.part_id, t.num_parts) == (
+        trace.capacity, trace.feat_bytes, trace.part_id, trace.num_parts)
+    assert t.num_accesses == trace.ids.size == int(t.sizes().sum())
+    assert np.array_equal(t.minibatch(5), trace.ids[trace.offsets[5] : trace.offsets[6]])
+    assert find_traces(tmp_path) == {3: p}
+    assert t.steps().tolist() == list(range(20)) * 2
+
+
+def test_trace_writer_api(tmp_path):
+    halo = torch.tensor([5, 1, 9, 3])
+    w = TraceWriter(tmp_path / "trace-r0.npz", halo=halo, init=torch.tensor([9, 1]), capacity=2,
+                    feat_bytes=64, part_id=1, num_parts=4)
+    w.add(0, torch.tensor([1, 7, 9]))
+    w.add(0, torch.tensor([], dtype=torch.int64))
+    w.add(1, np.array([3]))
+    w.close()
+    t = Trace.load(tmp_path / "trace-r0.npz")
+    assert t.halo.tolist() == [1, 3, 5, 9] and t.init.tolist() == [9, 1]
+    assert t.offsets.tolist() == [0, 3, 3, 4] and t.epoch.tolist() == [0, 0, 1]
+    assert (t.capacity, t.feat_bytes, t.part_id, t.num_parts) == (2, 64, 1, 4)
+    ok, pos = t.halo_positions()
+    assert ok.tolist() == [True, False, True, True] and pos.tolist() == [0, -1, 3, 1]
+    assert t.input_rows.tolist() == [-1, -1, -1]
+    with pytest.raises(RuntimeError):
+        w.add(2, [1])
+
+
+def test_trace_load_rejects_other_files(tmp_path):
+    np.savez(tmp_path / "x.npz", a=np.zeros(2))
+    with pytest.raises(ValueError, match="not a trace"):
+        Trace.load(tmp_path / "x.npz")
+    with pytest.raises(FileNotFoundError):
+        Trace.load(tmp_path / "missing.npz")
+
+
+# ---- policy names ---------------------------------------------------------------------------
+def test_policy_specs():
+    assert expand_grid("fixed:10,25") == ["fixed:10", "fixed:25"]
+    assert expand_grid("lookahead:1,3:0.01,0.05") == [
+        "lookahead:1:0.01", "lookahead:1:0.05", "lookahead:3:0.01", "lookahead:3:0.05"]
+    s = parse_policy("fixed:25:0.01")
+    assert (s.prefetch.policy, s.prefetch.period, s.prefetch.alpha) == ("fixed", 25, 0.01)
+    s = parse_policy("lookahead:3:0.2")
+    assert (s.prefetch.lookahead, s.prefetch.budget) == (3, 0.2)
+    assert parse_policy("classifier:rf").prefetch.policy == "classifier:rf"
+    assert parse_policy("sieve").prefetch is None
+    with pytest.raises(ValueError, match="valid: none, static"):
+        parse_policy("arc")
+    with pytest.raises(ValueError, match="bad policy"):
+        parse_policy("fixed:x")
+    with pytest.raises(ValueError, match="takes no arguments"):
+        parse_policy("lru:3")
+
+
+# ---- the replay -------------------------------------------------------------------------------
+def test_static_equals_a_direct_count(trace):
+    r = simulate(trace, "static", verify=True)
+    direct = np.isin(trace.ids, trace.init)
+    assert r.total("hits") == int(direct.sum())
+    per_mb = np.add.reduceat(direct, trace.offsets[:-1]) if trace.num_accesses else []
+    assert r.counts["hits"].tolist() == list(per_mb)
+    assert r.total("replaced_rows") == 0 and r.total("fetched_rows") == trace.num_accesses - int(direct.sum())
+
+
+def test_none_fetches_everything(trace):
+    r = simulate(trace, "none")
+    assert r.total("hits") == 0 and r.total("fetched_rows") == trace.num_accesses
+    assert r.summary()["fetched_frac"] == 1.0
+
+
+def test_buffer_policies_replay_the_shared_step(trace):
+    """fixed/lookahead in the simulator == HaloBuffer + begin/finish_step driven by hand."""
+    for spec, plan_at in (("fixed:5", lambda g: Replace("massivegnn") if g and g % 5 == 0 else None),
+                          ("lookahead:2:0.1", lambda g: Replace("lookahead", max(1, round(0.1 * trace.capacity))))):
+        r = simulate(trace, spec, verify=True)
+        period = 5 if spec.startswith("fixed") else 25  # the period also sets the stale threshold
+        buf = HaloBuffer(torch.from_numpy(trace.halo), trace.capacity, 0, period=period, store_features=False)
+        buf.fill(torch.from_numpy(np.sort(trace.init)))
+        ids = torch.from_numpy(trace.ids)
+        off, ends = trace.offsets, {0: 20, 1: 40}
+        hits, repl = [], []
+        for g in range(trace.num_minibatches):
+            depth = 2 if spec.startswith("lookahead") else 0
+            end = min(g + 1 + depth, ends[int(trace.epoch[g])])
+            fut = [ids[off[j] : off[j + 1]] for j in range(g + 1, end)]
+            sp = begin_step(buf, ids[off[g] : off[g + 1]], plan_at(g), fut)
+            finish_step(buf, sp)
+            hits.append(sp.hits)
+            repl.append(int(sp.extra_ids.numel()))
+        assert r.counts["hits"].tolist() == hits, spec
+        assert r.counts["replaced_rows"].tolist() == repl, spec
+        assert r.total("fetched_rows") == trace.num_accesses - sum(hits) + sum(repl)
+
+
+def test_classic_and_belady_have_no_extra_rows(trace):
+    for p in ("lru", "lfu", "s3fifo", "sieve", "belady"):
+        r = simulate(trace, p, verify=True)
+        assert r.total("replaced_rows") == 0
+        assert r.total("fetched_rows") == r.total("misses") == trace.num_accesses - r.total("hits")
+        assert r.total("admitted_rows") > 0, p
+
+
+def test_capacity_and_start_options(trace):
+    full = simulate(trace, "lru", capacity=trace.num_halo, start="empty")
+    ok, pos = trace.halo_positions()
+    first_touch = np.unique(pos[ok]).size  # a cache holding every halo node misses once each
+    assert full.total("hits") == int(ok.sum()) - first_touch
+    assert simulate(trace, "static", start="empty").total("hits") == 0
+    with pytest.raises(ValueError, match="capacity"):
+        simulate(trace, "static", capacity=trace.num_halo + 1)
+
+
+def test_records_windows_and_run_dir(tmp_path, trace):
+    r = simulate(trace, "fixed:5")
+    recs = r.records()
+    assert len(recs) == trace.num_minibatches
+    assert set(MINIBATCH_FIELDS) <= set(recs[0])
+    assert all(x["fetched_rows"] == x["misses"] + x["replaced_rows"] for x in recs)
+    assert r.windows and set(r.windows[0]) <= set(WINDOW_FIELDS)
+    assert r.windows[0]["buffer_fill"] == trace.capacity
+    d = write_sim_run(tmp_path, [r], {"name": "src", "path": "x"})
+    meta = json.loads((d / "run.json").read_text())
+    assert meta["simulated"] is True and meta["status"] == "complete"
+    assert meta["config"]["prefetch"]["policy"] == "fixed" and meta["config"]["prefetch"]["period"] == 5
+    assert meta["sim"]["summary"]["0"]["hits"] == r.total("hits")
+    assert len(read_jsonl(d / "minibatches-r0.jsonl")) == trace.num_minibatches
+    assert len(read_jsonl(d / "epochs-r0.jsonl")) == 2
+    # rewriting replaces, never appends
+    write_sim_run(tmp_path, [r], {"name": "src", "path": "x"})
+    assert len(read_jsonl(d / "minibatches-r0.jsonl")) == trace.num_minibatches
+
+
+def test_results_store_ingests_a_simulated_run(tmp_path, trace):
+    store_mod = pytest.importorskip("rudder.results.store")
+    d = write_sim_run(tmp_path / "runs", [simulate(trace, "belady")], {"name": "src", "path": "x"})
+    with store_mod.ResultsStore(tmp_path / "r.duckdb") as st:
+        st.ingest_run(d)
+        row = st.con.execute("SELECT simulated, policy FROM runs").fetchone()
+        n = st.con.execute("SELECT count(*), sum(hits) FROM minibatches").fetchone()
+    assert row == (True, "belady")
+    assert n[0] == trace.num_minibatches
+
+
+# ---- rudder sim -------------------------------------------------------------------------------
+def test_sim_cli(tmp_path, trace, capsys):
+    from rudder.cli import main
+
+    src = tmp_path / "run"
+    trace.save(src / "trace-r0.npz")
+    (src / "run.json").write_text(json.dumps({"run_id": "r1", "config": {"prefetch": {"period": 7}}}))
+    rc = main(["sim", str(src), "-p", "static", "-p", "fixed,lookahead", "-p", "fixed:3,6", "-p", "lru",
+               "--runs-dir", str(tmp_path / "runs")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for p in ("static", "fixed", "lookahead", "fixed:3", "fixed:6", "lru"):
+        assert f"\n{p} " in out or out.startswith(p) or f"\n{p:<22}" in out
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert "sim-r1-fixed" in runs and "sim-r1-fixed_3" in runs and "sim-r1-lru" in runs
+    meta = json.loads((tmp_path / "runs" / "sim-r1-fixed" / "run.json").read_text())
+    assert meta["config"]["prefetch"]["period"] == 7  # knobs start from the source run's config
+    traces, source = load_source(src)
+    assert list(traces) == [0] and source["run_id"] == "r1"
+    assert main(["sim", str(src), "-p", "nope", "--no-write"]) == 2

@@ -1,0 +1,97 @@
+"""Trace generation on a small random graph (dgl.rand_graph), and the agent policy replayed
+through the simulator with a scripted decision maker (no model)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rudder.sim.simulate import simulate
+from rudder.sim.tracegen import (TraceGenSpec, generate_trace, halo_of, partition_assignment,
+                                 random_trace, write_tracegen)
+from rudder.sim.trace import Trace
+
+
+@pytest.fixture(scope="module")
+def graph():
+    dgl = pytest.importorskip("dgl")
+    import torch
+
+    torch.manual_seed(0)
+    g = dgl.rand_graph(3000, 30000)
+    g.ndata["train_mask"] = torch.rand(3000) < 0.3
+    return g
+
+
+@pytest.mark.parametrize("method,parts", [("random", 2), ("metis", 4)])
+def test_trace_from_random_graph(graph, method, parts, tmp_path):
+    spec = TraceGenSpec(graph="rand", parts=parts, part=1, method=method, fanouts=[5, 10],
+                        batch_size=100, epochs=2, fraction=0.25, feat_bytes=64, seed=1)
+    owner = partition_assignment(graph, parts, method, 1)
+    trace, facts = generate_trace(spec, g=graph, owner=owner)
+    assert np.bincount(owner, minlength=parts).min() > 0
+    # every recorded id is remote; minibatches are sets; the halo is the 1-hop in-neighbourhood
+    assert (owner[trace.ids] != 1).all()
+    for i in range(trace.num_minibatches):
+        mb = trace.minibatch(i)
+        assert np.unique(mb).size == mb.size
+    src, dst = (x.numpy() for x in graph.edges())
+    expect = np.unique(src[(owner[dst] == 1) & (owner[src] != 1)])
+    assert np.array_equal(trace.halo, expect) and np.array_equal(halo_of(graph, owner, 1), expect)
+    ok, _ = trace.halo_positions()
+    assert ok.mean() > 0.3  # most remote inputs of a 2-hop sample are 1-hop halo nodes
+    # degree init: the top in-degree halo nodes, highest first
+    deg = graph.in_degrees().numpy()
+    assert trace.capacity == int(0.25 * trace.num_halo) == trace.init.size
+    assert deg[trace.init].min() >= np.sort(deg[trace.halo])[::-1][trace.capacity - 1]
+    assert np.all(np.diff(deg[trace.init]) <= 0)
+    steps = int(np.ceil((owner == 1)[graph.ndata["train_mask"].numpy()].sum() / 100))
+    assert trace.num_minibatches == 2 * steps and set(trace.epoch.tolist()) == {0, 1}
+    assert (trace.input_rows > trace.sizes()).all()
+    assert facts["halo_nodes"] == trace.num_halo and facts["num_nodes"] == 3000
+    p = write_tracegen(tmp_path, trace, spec, facts)
+    assert p.name == "trace-r1.npz" and Trace.load(p).num_accesses == trace.num_accesses
+    # and it replays
+    r = simulate(Trace.load(p), "static")
+    assert r.summary()["remote_rows"] == trace.num_accesses
+
+
+def test_random_trace_shape():
+    t = random_trace(halo=100, minibatches=10, batch=30, nonhalo=0.2, capacity=0.1, epochs=2, seed=0)
+    assert t.num_minibatches == 10 and t.capacity == 10 and t.init.size == 10
+    ok, _ = t.halo_positions()
+    assert 0.6 < ok.mean() < 0.95
+    assert t.epoch.tolist() == [0] * 5 + [1] * 5
+
+
+# ---- the agent through the simulator ------------------------------------------------------
+class ScriptedMaker:
+    """Answers 'replace, small budget' on even decisions, 'keep' on odd ones."""
+
+    def __init__(self):
+        self.n = 0
+        self.closed = False
+
+    def decide(self, prompt, cancel=None):
+        from rudder.agent.messages import Decision
+
+        self.n += 1
+        rep = self.n % 2 == 1
+        return Decision(replace=rep, budget="small" if rep else None, expected_hit_rate="up",
+                        expected_remote_rows="down", reason="scripted", model="scripted",
+                        backend="test", latency_s=0.0)
+
+    def close(self):
+        self.closed = True
+
+
+def test_agent_policy_replays_with_decisions():
+    pytest.importorskip("rudder.agent.policy")
+    t = random_trace(halo=300, minibatches=60, batch=80, capacity=0.2, skew=1.0, epochs=2, seed=5)
+    maker = ScriptedMaker()
+    r = simulate(t, "agent", extra={"decision_maker": maker})
+    assert maker.n >= 5 and maker.closed
+    assert len(r.decisions) == maker.n
+    applied = [d for d in r.decisions if d["applied_step"] is not None]
+    assert applied and all(d["staleness"] == 1 for d in applied)  # synchronous replay
+    assert r.total("admitted_rows") > 0  # the replace decisions changed the buffer
+    assert r.summary()["decisions"] == maker.n

@@ -1,0 +1,125 @@
+"""The Slurm path on a real one-node Slurm cluster started by the test (SLURM_CONF in a temp
+dir, nothing under /etc): SlurmCluster sruns one machine supervisor per node; and a small study
+goes Parsl MPIExecutor -> SlurmProvider -> sbatch -> srun -> DGL server + trainer, end to end.
+Every daemon and job is stopped afterwards (scancel, daemons by pid, stray slurmstepd)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rudder.workflow.testcluster import SlurmTestCluster, missing_binaries
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "tests" / "cluster_probe_trainer.py"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(missing_binaries()), reason="Slurm binaries missing "
+                       f"({', '.join(missing_binaries())}): run scripts/install_slurm.sh"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the test cluster runs slurmd as root"),
+]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    sc = SlurmTestCluster(tmp_path_factory.mktemp("slurm"))
+    sc.start()
+    try:
+        yield sc
+    finally:
+        hard = sc.stop()
+        assert sc.ctld.returncode is not None and sc.slurmd.returncode is not None
+        assert not sc.stray_stepds(), "slurmstepd left behind"
+        assert not hard or all(h.startswith("slurmstepd") for h in hard), hard
+
+
+def _partition(out: Path) -> Path:
+    import dgl
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    g = dgl.rand_graph(2000, 16000)
+    feat = torch.randn(2000, 16)
+    g.ndata["feat"] = feat
+    orig, _ = dgl.distributed.partition_graph(g, "probe", 1, str(out), part_method="random",
+                                              return_mapping=True)
+    np.save(out / "features.npy", feat[orig].numpy())
+    return out / "probe.json"
+
+
+@pytest.mark.timeout(300)
+def test_slurm_cluster_sruns_one_supervisor_per_node(slurm, tmp_path, monkeypatch):
+    from rudder.cluster import ClusterSpec
+    from rudder.cluster.slurm import SlurmCluster, allocation_nodes, make_cluster
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", slurm.node)  # as inside sbatch/salloc
+    monkeypatch.delenv("PARSL_MPI_NODELIST", raising=False)
+    assert allocation_nodes() == [slurm.node]
+    monkeypatch.setenv("RUDDER_LAUNCHER", "slurm")
+    monkeypatch.setenv("RUDDER_IFNAME", "lo")
+    spec = ClusterSpec(machines=1, start_timeout_s=120, run_timeout_s=200, kill_grace_s=2)
+    part = _partition(tmp_path / "parts")
+    out = tmp_path / "out"
+    out.mkdir()
+    with make_cluster(spec, tmp_path / "run") as c:
+        assert isinstance(c, SlurmCluster)
+        assert c.addresses == ["127.0.0.1"] and c.interfaces == ["lo"]
+        res = c.run(part, [sys.executable, str(PROBE), "--graph-name", "probe", "--features",
+                           str(part.parent / "features.npy"), "--out", str(out)])
+    assert res.ok, res.summary()
+    (rep,) = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
+    assert rep["matched"] and rep["machine"] == 0
+    logs = tmp_path / "run" / "logs"
+    assert "--ntasks-per-node=1" in (logs / "srun.log").read_text()
+    sup = (logs / "machine0.supervisor.log").read_text()
+    assert f"node {slurm.node}: machine 0 of 1" in sup and "exit 0" in sup
+    assert (tmp_path / "run" / "ip_config.txt").read_text().startswith("127.0.0.1 ")
+    # more machines than nodes: a clear error, nothing started
+    with pytest.raises(Exception, match="2 machines asked but the allocation has 1 node"):
+        with make_cluster(ClusterSpec(machines=2), tmp_path / "run2") as c:
+            pass
+    deadline = time.monotonic() + 30
+    while slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not slurm.jobs()
+
+
+@pytest.mark.timeout(600)
+def test_study_through_slurm_provider_end_to_end(slurm, tmp_path):
+    """configs/slurm_test.yaml: MPIExecutor + SlurmProvider -> sbatch; the run sruns its
+    machine; one real run (synth-tiny, 1 machine, 1 epoch) completes and is collected."""
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": "slurm-e2e", "datasets": ["synth-tiny"], "machines": [1], "policies": ["static"],
+        "run": {"train": {"epochs": 1, "eval_every": 0}, "dataset": {"root": str(tmp_path / "data")}}}))
+    env = slurm.env()
+    env.pop("SLURM_JOB_NODELIST", None)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "workflows/scaling_study.py", "--study", str(study),
+                           "--execution", "configs/slurm_test.yaml", "--runs-dir",
+                           str(tmp_path / "runs"), "--no-live"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=540)
+    wall = time.time() - t0
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "runs" / "slurm-e2e" / "study.json").read_text())
+    (run,) = summary["runs"]
+    assert run["status"] == "done" and run["collected"] is True
+    run_dir = tmp_path / "runs" / "slurm-e2e" / run["run_id"]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "complete"
+    srun_log = (run_dir / "logs" / "srun.log").read_text()  # the machines came from srun
+    assert "rudder.cluster.slurm node" in srun_log
+    print(f"slurm study wall {wall:.1f} s")
+    deadline = time.monotonic() + 30  # the Parsl block was scancelled at cleanup
+    while slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not slurm.jobs(), slurm.jobs()
