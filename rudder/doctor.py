@@ -49,8 +49,8 @@ def _slurm() -> str:
     missing = [b for b in ("slurmctld", "slurmd", "sbatch", "srun", "squeue") if not shutil.which(b)]
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)} (scripts/install_slurm.sh installs slurm-wlm)")
-    out = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=10).stdout
-    return out.strip()
+    out = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=10)
+    return (out.stdout or out.stderr).strip()
 
 
 def _root() -> str:

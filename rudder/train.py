@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     # DDP needs the same number of steps on every rank.
     steps = torch.tensor([(train_nids.numel() + tc.batch_size - 1) // tc.batch_size])
     torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
-    steps_per_epoch = int(steps)
+    steps_per_epoch = full_steps = int(steps)
     if tc.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, tc.max_steps_per_epoch)
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         capacity=capacity, batch_size=tc.batch_size, fanouts=list(tc.fanouts),
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=feat_dim,
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead,
-        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed},
+        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps},
     )
     policy.setup(ctx)
     trace = None
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = TraceWriter(args.run_dir / f"trace-r{rank}.npz", halo=halo, init=init,
                             capacity=capacity, feat_bytes=feats.row_bytes, part_id=part_id,
                             num_parts=pb.num_partitions())
-    lookahead = pc.lookahead if pc.policy.startswith(("lookahead", "agent", "classifier")) else 0
+    lookahead = pc.lookahead if pc.policy.startswith(("lookahead", "agent", "classifier", "collect")) else 0
     pipe = MinibatchPipeline(
         lambda epoch: train_loader, feats, labels, policy, MetricsCollector(pc.window),
         steps_per_epoch, tc.epochs, lookahead, trace_writer=trace, check=args.check or tc.check_features,
@@ -221,4 +221,10 @@ def evaluate(model, loader, feat, labels, torch) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown (4-10 s of module finalisers for torch/pandas/pyarrow): every
+    # record is already flushed and the DGL client has exited.
+    os._exit(code)

@@ -67,6 +67,7 @@ def test_trace_load_rejects_other_files(tmp_path):
 # ---- policy names ---------------------------------------------------------------------------
 def test_policy_specs():
     assert expand_grid("fixed:10,25") == ["fixed:10", "fixed:25"]
+    assert expand_grid("static,fixed:3,6,lru") == ["static", "fixed:3", "fixed:6", "lru"]
     assert expand_grid("lookahead:1,3:0.01,0.05") == [
         "lookahead:1:0.01", "lookahead:1:0.05", "lookahead:3:0.01", "lookahead:3:0.05"]
     s = parse_policy("fixed:25:0.01")

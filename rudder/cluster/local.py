@@ -44,7 +44,7 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class ClusterSpec:
-    machines: int = 1
+    machines: int  # emulated machines (one DGL server + partition each)
     trainers_per_machine: int = 1
     bandwidth: str | None = None  # tbf rate per machine link ("1gbit", "200mbit"); None = unshaped
     netns: bool | None = None  # None: namespaces when usable (root), else one machine on 127.0.0.1

@@ -94,10 +94,10 @@ class SyntheticSpec:
 
 # Presets. Class count and the train share follow what each size is for.
 PRESETS: dict[str, SyntheticSpec] = {
-    # unit tests: builds in milliseconds
+    # unit tests: builds in ~0.1 s
     "synth-tiny": SyntheticSpec(nodes=2_000, avg_degree=10, communities=16, feat_dim=16,
                                 classes=4, train_frac=0.6, val_frac=0.2, test_frac=0.2),
-    # integration tests with 2-4 machines: partitions in a second, trains in seconds
+    # integration tests with 2-4 machines: generates in <1 s, partitions in a few seconds
     "synth-small": SyntheticSpec(nodes=20_000, avg_degree=16, communities=64, feat_dim=32,
                                  classes=8, train_frac=0.5, val_frac=0.15, test_frac=0.35),
     # the size of the planning trace study (200k nodes, 100 communities)
@@ -106,7 +106,8 @@ PRESETS: dict[str, SyntheticSpec] = {
     # ogbn-products-like: 1M nodes, ~20M directed edges, 128-d float32, 47 classes, small
     # train share (products: 8%). Many small communities keep a minibatch's 2-hop
     # neighbourhood local, so one minibatch touches a few percent of the graph, as on products.
-    # (measured: 1000 seeds with fanout 10,25 touch ~7% of the nodes; edge cut ~5% at P=2)
+    # (measured: 1000 seeds with fanout 10,25 touch ~7% of the nodes; METIS edge cut ~10% at
+    # P=2 with ~250k halo nodes per partition)
     "synth-bench": SyntheticSpec(nodes=1_000_000, avg_degree=20, communities=20_000,
                                  feat_dim=128, classes=47, p_in=0.95, degree_exponent=2.1,
                                  train_frac=0.1, val_frac=0.02, test_frac=0.88),

@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--study", default=None, help="study name recorded in the simulated runs")
     p.add_argument("--no-write", action="store_true", help="print only; write no run directories")
     p.add_argument("--json", action="store_true", help="print the summaries as JSON lines")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1, as the trainer's loader: the per-minibatch ops "
+                        "are small, and extra threads only spin on a busy machine)")
     p.set_defaults(func=main_sim)
 
     t = sub.add_parser(
@@ -97,6 +100,9 @@ def main_sim(args) -> int:
     from rudder.sim.simulate import (expand_grid, load_source, parse_policy, rank_source, simulate,
                                      write_sim_run, _source_prefetch)
 
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
     traces, source = load_source(args.source)
     if args.ranks:
         want = {int(x) for x in args.ranks.split(",")}

@@ -1,7 +1,8 @@
 """Replays a remote-access trace against a policy, without training or a cluster.
 
-Buffer policies (none, static, fixed, lookahead, agent, classifier:<name>) run through the very
-code training runs: `rudder.prefetch.policies.make_policy` for the policy, `HaloBuffer` and
+Buffer policies (every name in the training registry: none, static, fixed, lookahead, agent,
+classifier:<name>, ...) run through the very code training runs:
+`rudder.prefetch.policies.make_policy` for the policy, `HaloBuffer` and
 `begin_step`/`finish_step` for the mechanism, `MetricsCollector` for windows, with StepInfo,
 records and windows built as `rudder.pipeline.MinibatchPipeline` builds them (lookahead within
 the epoch, remaining_steps, buffer state at window close). Classic caches (lru, lfu, s3fifo,
@@ -29,29 +30,50 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from rudder.prefetch.buffer import HaloBuffer
 from rudder.records import EPOCH_FIELDS, MINIBATCH_FIELDS, JsonlWriter, host_info, versions, write_json_atomic
 from rudder.sim.caches import CACHES, make_cache
 from rudder.sim.trace import Trace, find_traces
 
 log = logging.getLogger(__name__)
 
-BUFFER_POLICIES = ("none", "static", "fixed", "lookahead", "agent", "classifier")
 ORACLES = ("belady",)
+DEFAULT_WINDOW = 10  # PrefetchConfig.window's default: windows of the non-buffer replays
 # the pipeline samples ahead only for these (rudder.train): others see no future
 LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier")
 
 
+def buffer_policies() -> list[str]:
+    """Every policy of the training registry runs through the buffer (none included)."""
+    from rudder.prefetch.policies import REGISTRY
+
+    return list(REGISTRY)
+
+
 def policy_names() -> list[str]:
-    return [*BUFFER_POLICIES, *sorted(CACHES), *ORACLES]
+    return [*buffer_policies(), *sorted(CACHES), *ORACLES]
 
 
 # ---- policy specs -------------------------------------------------------------------------
 def expand_grid(spec: str) -> list[str]:
-    """'fixed:10,25' -> ['fixed:10', 'fixed:25']; every colon field may be a comma list
-    ('static,lru' -> ['static', 'lru'])."""
-    fields = [f.split(",") for f in spec.split(":")]
-    return [":".join(combo) for combo in itertools.product(*fields)]
+    """A comma list of policies, each colon field of which may be a comma list (a grid):
+    'static,fixed:10,25,lru' -> ['static', 'fixed:10', 'fixed:25', 'lru'];
+    'lookahead:1,3:0.05' -> ['lookahead:1:0.05', 'lookahead:3:0.05']. A comma item that starts
+    with a policy name starts a new policy; any other continues the previous one's field."""
+    names = set(policy_names())
+    groups: list[str] = []
+    for tok in spec.split(","):
+        if not groups or tok.split(":", 1)[0] in names:
+            groups.append(tok)
+        else:
+            groups[-1] += "," + tok
+    out = []
+    for g in groups:
+        fields = [f.split(",") for f in g.split(":")]
+        out += [":".join(combo) for combo in itertools.product(*fields)]
+    return out
 
 
 @dataclass
@@ -74,7 +96,7 @@ def parse_policy(spec: str, prefetch=None) -> PolicySpec:
     valid = policy_names()
     if base not in valid:
         raise ValueError(f"unknown policy {spec!r}; valid: {', '.join(valid)}")
-    if base not in BUFFER_POLICIES:
+    if base not in buffer_policies():
         if args:
             raise ValueError(f"policy {base!r} takes no arguments (got {spec!r})")
         return PolicySpec(spec, base)
@@ -198,10 +220,7 @@ def _post_hoc_windows(result: SimResult, window: int) -> list[dict]:
     from rudder.prefetch.metrics import MetricsCollector
 
     col = MetricsCollector(window)
-    out = [w for rec in result.records() if (w := col.add(rec)) is not None]
-    if (w := col.close()) is not None:
-        out.append(w)
-    return out
+    return [w for rec in result.records() if (w := col.add(rec)) is not None]
 
 
 # ---- context ------------------------------------------------------------------------------
@@ -263,7 +282,7 @@ def simulate(
     if start not in ("init", "empty"):
         raise ValueError(f"unknown start {start!r}; valid: init, empty")
     init = trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64)
-    if spec.base in BUFFER_POLICIES:
+    if spec.base in buffer_policies():
         return _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify)
     if spec.base in CACHES:
         return _simulate_cache(trace, spec, C, init, rank, verify)
@@ -287,8 +306,6 @@ def _empty_counts(S: int) -> dict[str, np.ndarray]:
 
 
 def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify) -> SimResult:
-    import torch
-
     from rudder.prefetch.metrics import MetricsCollector, hit_rate
     from rudder.prefetch.policies import make_policy
     from rudder.prefetch.policy import StepInfo
@@ -362,9 +379,7 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
                 waited += time.perf_counter() - tw
         decisions.extend(pol.decisions())
     seconds = time.perf_counter() - t0 - waited
-    if (w := collector.close(_buffer_state(buf, []))) is not None:
-        windows.append(w)
-    pol.close()
+    pol.close()  # (a trailing partial window is not closed: training does not close it either)
     decisions.extend(pol.decisions())
     counts["fetched_rows"][:] = misses + replaced
     res = SimResult(spec.spec, rank, trace, C, int(init.size), counts, seconds, windows, decisions)
@@ -380,37 +395,24 @@ def position_ids(trace: Trace) -> np.ndarray:
     return trace.halo_positions()[1]
 
 
-def _position_buffer_class():
-    from rudder.prefetch.buffer import HaloBuffer
+class PositionBuffer(HaloBuffer):
+    """A HaloBuffer whose node ids are halo positions 0..H-1 (non-halo ids: -1).
 
-    class PositionBuffer(HaloBuffer):
-        """A HaloBuffer whose node ids are halo positions 0..H-1 (non-halo ids: -1).
+    The trace is translated to positions once (one binary search over all accesses,
+    `position_ids`), so the replay's id -> position lookup is a sign test instead of a binary
+    search per minibatch (twice per step in `begin_step`). Nothing else differs: lookup,
+    scoring, planning and replacement are HaloBuffer's, called by the shared
+    `begin_step`/`finish_step`."""
 
-        The trace is translated to positions once (one binary search over all accesses,
-        `position_ids`), so the replay's id -> position lookup is a range check instead of a
-        binary search per minibatch (twice per step in `begin_step`). Nothing else differs:
-        lookup, scoring, planning and replacement are HaloBuffer's, called by the shared
-        `begin_step`/`finish_step`."""
+    def __init__(self, num_halo: int, capacity: int, **kw):
+        super().__init__(torch.arange(num_halo, dtype=torch.int64), capacity, 0,
+                         store_features=False, **kw)
+        self._H = num_halo
 
-        def __init__(self, num_halo: int, capacity: int, **kw):
-            import torch
-
-            super().__init__(torch.arange(num_halo, dtype=torch.int64), capacity, 0,
-                             store_features=False, **kw)
-            self._H = num_halo
-
-        def halo_positions(self, ids):
-            is_halo = (ids >= 0) & (ids < self._H)
-            return is_halo, ids.clamp(0, max(self._H - 1, 0))
-
-    return PositionBuffer
-
-
-def PositionBuffer(num_halo: int, capacity: int, **kw):  # noqa: N802 - a class, built lazily
-    global PositionBuffer
-    cls = _position_buffer_class()
-    PositionBuffer = cls  # later calls construct directly
-    return cls(num_halo, capacity, **kw)
+    def halo_positions(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._H == 0:
+            return super().halo_positions(ids)
+        return ids >= 0, ids.clamp(min=0)  # ids are positions in [0, H) or -1
 
 
 def _epoch_ends(epoch: np.ndarray) -> list[int]:
@@ -426,8 +428,6 @@ def _epoch_ends(epoch: np.ndarray) -> list[int]:
 
 def _buffer_state(buf, future) -> dict:
     """As MinibatchPipeline._buffer_state: fill, stale slots, and what the known future lacks."""
-    import torch
-
     missing = 0
     if future:
         ids = torch.unique(torch.cat(future))
@@ -477,7 +477,7 @@ def _simulate_cache(trace, spec, C, init, rank, verify) -> SimResult:
     counts["fetched_rows"][:] = sizes - hits  # admission is on demand: no extra rows
     res = SimResult(spec.spec, rank, trace, C, before, counts, seconds)
     res.extra["evictions"] = cache.evictions
-    res.windows = _post_hoc_windows(res, 10)
+    res.windows = _post_hoc_windows(res, DEFAULT_WINDOW)
     return res
 
 
@@ -494,7 +494,7 @@ def _simulate_belady(trace, spec, C, start, rank) -> SimResult:
     counts["fetched_rows"][:] = r.remote_rows - r.hits
     counts["admitted_rows"][:] = r.admitted
     res = SimResult(spec.spec, rank, trace, C, r.initial_fill, counts, seconds)
-    res.windows = _post_hoc_windows(res, 10)
+    res.windows = _post_hoc_windows(res, DEFAULT_WINDOW)
     return res
 
 

@@ -13,5 +13,5 @@ watched by `workflows/scaling_study.py`, and the two remote launch paths (Slurm,
   view.py       the live panel (rich) and the summary table
   testcluster.py  a throw-away Slurm cluster for tests (slurmctld + slurmd under a temp dir)
 
-Nothing here imports torch or dgl at module level: the study process stays light.
+The study process never imports dgl; the runs, stage and partition happen in the apps.
 """

@@ -1,0 +1,218 @@
+"""AgentPolicy: plan() never waits for the model, late decisions carry their staleness, bad
+answers hand over to the fallback policy, and self-reflection scores predictions (Pass@1)."""
+import json
+import threading
+import time
+
+import pytest
+
+from rudder.agent.decision import BackendError, Completion, DecisionMaker
+from rudder.agent.messages import budget_rows
+from rudder.agent.policy import AgentPolicy, measure, reflect
+from rudder.agent.messages import Decision
+from rudder.config import AgentConfig, ModelConfig, PrefetchConfig
+from rudder.prefetch.policies import make_policy
+from rudder.prefetch.policy import RunContext, StepInfo
+from rudder.records import DECISION_FIELDS
+
+
+def answer(replace=True, budget="medium", hit="up", rows="down"):
+    return {"reason": "test", "replace": replace, "budget": budget, "expected": {"hit_rate": hit, "remote_rows": rows}}
+
+
+class ScriptedBackend:
+    """Stands in for the model: answers from a script (dicts, or exceptions), after `delay` s."""
+
+    name = "fake"
+
+    def __init__(self, answers, delay=0.0):
+        self.answers = list(answers)
+        self.delay = delay
+        self.prompts = []
+        self.calls = 0
+
+    def complete(self, messages, schema, max_tokens, timeout_s, cancel=None):
+        self.prompts.append(messages)
+        a = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if isinstance(a, Exception):
+            raise a
+        if isinstance(a, str):
+            return Completion(a, "stop")
+        return Completion(json.dumps(a), "stop")
+
+    def close(self):
+        pass
+
+
+def ctx(window=5, lookahead=3, capacity=1000):
+    return RunContext(rank=0, num_trainers=1, part_id=0, num_parts=2, num_nodes=10_000, partition_nodes=5_000,
+                      halo_nodes=4_000, capacity=capacity, batch_size=100, fanouts=[10, 25], steps_per_epoch=100,
+                      epochs=1, feat_dim=8, feat_bytes=32, window=window, lookahead=lookahead)
+
+
+def make(backend, window=5, fallback="static", timeout_s=5.0, period=25, **agent):
+    maker = DecisionMaker(backend, "fake", fallback=fallback, timeout_s=timeout_s)
+    pol = AgentPolicy(PrefetchConfig(policy="agent", window=window, period=period),
+                      agent=AgentConfig(fallback=fallback, timeout_s=timeout_s, **agent), decision_maker=maker)
+    return pol
+
+
+def win(i, hit, fetched_per_mb, n=5, **kw):
+    w = {"window": i, "first_step": i * n, "last_step": i * n + n - 1, "minibatches": n, "hit_rate": hit,
+         "remote_rows": 1000 * n, "fetched_rows": fetched_per_mb * n, "replaced_rows": 0, "t_fetch": 0.0,
+         "t_stall": 0.0, "t_minibatch": 0.0, "buffer_fill": 1000, "stale_slots": 300,
+         "lookahead_missing": 500, "lookahead_rows": 50}
+    w.update(kw)
+    return w
+
+
+def step(g, total=100):
+    return StepInfo(epoch=0, step=g, global_step=g, remaining_steps=total - g)
+
+
+def wait_outbox(pol, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while pol._outbox.qsize() == 0:
+        assert time.monotonic() < deadline, "no decision arrived"
+        time.sleep(0.005)
+
+
+def test_registered_as_agent():
+    pol = make_policy(PrefetchConfig(policy="agent"), agent=AgentConfig())
+    assert isinstance(pol, AgentPolicy) and pol.records_decisions
+
+
+def test_plan_never_blocks_with_a_slow_model():
+    backend = ScriptedBackend([answer(True, "medium")], delay=0.25)
+    pol = make(backend)
+    pol.setup(ctx())
+    times, replaces = [], []
+    for g in range(80):
+        t0 = time.perf_counter()
+        r = pol.plan(step(g))
+        times.append(time.perf_counter() - t0)
+        if r is not None:
+            replaces.append((g, r))
+        time.sleep(0.01)  # the minibatch "computes"
+        pol.observe({"global_step": g}, win(g // 5, 0.3, 700) if g % 5 == 4 else None)
+    time.sleep(0.3)
+    pol.plan(step(80))
+    pol.close()
+    assert max(times) < 0.005, f"slowest plan() {max(times) * 1e3:.2f} ms"
+    assert replaces, "no decision arrived"
+    g0, r0 = replaces[0]
+    assert r0.mechanism == "lookahead" and r0.max_rows == budget_rows("medium", 1000) == 50
+    assert r0.source.startswith("agent#")
+    recs = pol.decisions()
+    assert recs and all(set(r) == set(DECISION_FIELDS) for r in recs)
+    applied = [r for r in recs if r["applied_step"] is not None]
+    assert applied and all(r["staleness"] > 0 for r in applied)
+    assert all(r["applied_step"] - r["staleness"] == r["window"] * 5 + 4 for r in applied)
+    assert pol.dropped_windows > 0  # the agent fell behind: oldest windows were dropped, not queued
+    assert backend.calls < 16  # it judged fewer windows than closed
+
+
+def test_massivegnn_mechanism_without_lookahead():
+    pol = make(ScriptedBackend([answer(True, "large")]))
+    pol.setup(ctx(lookahead=0))
+    pol.observe({"global_step": 4}, win(0, 0.3, 700))
+    wait_outbox(pol)
+    r = pol.plan(step(5))
+    pol.close()
+    assert r.mechanism == "massivegnn" and r.max_rows == 150 and r.source == "agent#1"
+
+
+def test_reflection_scores_predictions_and_feeds_history():
+    backend = ScriptedBackend([answer(True, "medium", "up", "down"),   # #1 on w0
+                               answer(True, "small", "up", "down"),    # #2 on w1
+                               answer(False, "small", "flat", "flat"),  # #3 on w2
+                               answer(False, "small", "flat", "flat")])
+    pol = make(backend, history=4, prompt="reason-first")
+    pol.setup(ctx())
+    windows = [win(0, 0.30, 800), win(1, 0.35, 700), win(2, 0.355, 690), win(3, 0.352, 695)]
+    for i, w in enumerate(windows):
+        pol.observe({"global_step": w["last_step"]}, w)
+        if i < 3:
+            wait_outbox(pol)
+            r = pol.plan(step(w["last_step"] + 1))
+            assert (r is not None) == (i < 2)
+    wait_outbox(pol)  # decision #4 on w3 (never applied)
+    recs = {r["decision"]: r for r in pol.decisions()}
+    # #1: +5 pt hit, -12.5% rows -> up/down as predicted
+    assert recs[1]["outcome_hit_rate"] == "up" and recs[1]["outcome_remote_rows"] == "down" and recs[1]["correct"]
+    # #2: +0.5 pt (< 1 pt) and -1.4% rows (< 2%) -> flat/flat, predicted up/down: wrong
+    assert recs[2]["outcome_hit_rate"] == "flat" and recs[2]["outcome_remote_rows"] == "flat"
+    assert recs[2]["correct"] is False
+    # #3: kept, predicted flat/flat, measured flat/flat
+    assert recs[3]["correct"] is True
+    assert pol.pass_at_1 == pytest.approx(2 / 3)
+    hist = pol.history()
+    assert hist[0].hit_delta == pytest.approx(0.05) and hist[0].rows_delta == pytest.approx(-0.125)
+    # the prompts after the outcomes were measured show them to the model
+    last_user = backend.prompts[3][-1]["content"]
+    assert "#1 on window 0: replace (medium, 50 rows)" in last_user and "prediction correct" in last_user
+    assert "#2 on window 1" in last_user and "prediction wrong" in last_user
+    pol.close()
+    left = pol.decisions()
+    assert [r["decision"] for r in left] == [4] and left[0]["applied_step"] is None
+
+
+def test_bad_answers_hand_over_to_the_fallback_policy():
+    backend = ScriptedBackend(["not json", BackendError("timeout", "slow"), answer(False, "small", "flat", "flat")])
+    pol = make(backend, fallback="fixed", period=3)
+    pol.setup(ctx())
+    pol.observe({"global_step": 4}, win(0, 0.3, 700))
+    wait_outbox(pol)
+    assert pol.plan(step(5)) is None  # 5 % 3 != 0: the fixed schedule does nothing yet
+    r = pol.plan(step(6))
+    assert r is not None and r.source == "fallback:fixed" and r.mechanism == "massivegnn"
+    pol.observe({"global_step": 9}, win(1, 0.3, 700))
+    wait_outbox(pol)
+    pol.plan(step(10))
+    pol.observe({"global_step": 14}, win(2, 0.3, 700))
+    wait_outbox(pol)
+    pol.plan(step(15))
+    assert pol.plan(step(18)) is None  # a valid answer took the helm back from the fallback
+    pol.close()
+    recs = {r["decision"]: r for r in pol.decisions()}
+    assert recs[1]["fallback"] == "fixed" and "invalid" in recs[1]["reason"] and recs[1]["correct"] is None
+    assert recs[2]["fallback"] == "fixed" and "timeout" in recs[2]["reason"]
+    assert recs[3]["fallback"] is None
+    assert pol.pass_at_1 is None  # nothing judged yet: #3's next window never closed
+
+
+def test_close_is_bounded_with_a_stuck_model():
+    pol = make(ScriptedBackend([answer()], delay=5.0), timeout_s=0.5)
+    pol.setup(ctx())
+    pol.observe({"global_step": 4}, win(0, 0.3, 700))
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    pol.close()
+    assert time.monotonic() - t0 < 3.5
+
+
+def test_missing_model_fails_at_setup(tmp_path, monkeypatch):
+    from rudder.agent.models import ModelError
+
+    monkeypatch.setenv("RUDDER_MODELS_DIR", str(tmp_path))
+    monkeypatch.delenv("RUDDER_AGENT_URL", raising=False)
+    pol = AgentPolicy(PrefetchConfig(policy="agent"), agent=AgentConfig(model=ModelConfig(name="qwen2.5-coder-0.5b")))
+    with pytest.raises(ModelError, match="scripts/models.sh qwen2.5-coder-0.5b"):
+        pol.setup(ctx())
+
+
+def test_measure_and_reflect_tolerances():
+    a = win(0, 0.40, 1000)
+    assert measure(a, win(1, 0.409, 1019)) == (pytest.approx(0.009), pytest.approx(0.019))
+    d = Decision(expected_hit_rate="flat", expected_remote_rows="flat")
+    reflect(d, a, win(1, 0.409, 1019))
+    assert d.correct is True
+    d = Decision(expected_hit_rate="up", expected_remote_rows="flat")
+    reflect(d, a, win(1, 0.42, 985))
+    assert d.outcome_hit_rate == "up" and d.outcome_remote_rows == "flat" and d.correct is True
+    d = Decision(fallback="static")
+    reflect(d, a, win(1, 0.5, 500))
+    assert d.correct is None

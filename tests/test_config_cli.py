@@ -1,0 +1,70 @@
+"""Configs fail before anything starts, naming the key; the CLI turns bad input into one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rudder.config import ConfigError, RunConfig, load_run_config
+from rudder.run_cli import parse_overrides
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_overrides(tmp_path):
+    cfg = load_run_config(write(tmp_path, "train: {epochs: 5}\n"), {"prefetch.policy": "fixed"})
+    assert cfg.train.epochs == 5 and cfg.prefetch.policy == "fixed"
+    assert cfg.train.fanouts == [10, 25] and cfg.prefetch.alpha == 0.05
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("train: {epoch: 5}\n", "train.epoch"),  # typo: unknown key named
+    ("prefetch: {policy: bogus}\n", "unknown policy 'bogus'"),
+    ("prefetch: {prefetch_fraction: 2}\n", "prefetch.prefetch_fraction"),
+    ("cluster: {machines: 0}\n", "cluster.machines"),
+    ("prefetch: {policy: classifier}\n", "classifier:<name>"),
+    ("train: [1, 2\n", "malformed YAML"),
+    ("- a\n- b\n", "top level must be a mapping"),
+])
+def test_bad_config_names_the_problem(tmp_path, text, needle):
+    with pytest.raises((ConfigError, ValueError)) as err:
+        load_run_config(write(tmp_path, text))
+    assert needle in str(err.value)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_run_config("nope.yaml")
+
+
+def test_overrides_parse():
+    assert parse_overrides(["a.b=3", "c=[1, 2]", "d=none"]) == {"a.b": 3, "c": [1, 2], "d": "none"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_overrides(["oops"])
+
+
+def test_cli_bad_config_is_one_clear_line(tmp_path):
+    p = write(tmp_path, "prefetch: {policy: lru}\n")
+    r = subprocess.run([sys.executable, "-m", "rudder.cli", "run", "--config", str(p)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "unknown policy 'lru'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_doctor_reports_each_capability():
+    r = subprocess.run([sys.executable, "-m", "rudder.cli", "doctor"], capture_output=True, text=True, timeout=300)
+    lines = [line for line in r.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
+    names = " ".join(lines)
+    for cap in ("torch", "dgl.distributed", "llama_cpp", "parsl", "duckdb", "network namespaces", "slurm"):
+        assert cap in names
+    assert r.returncode == 0, r.stdout
+
+
+def test_resolved_config_round_trips():
+    cfg = RunConfig()
+    assert RunConfig.model_validate(cfg.model_dump(mode="json")) == cfg
