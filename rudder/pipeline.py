@@ -144,7 +144,7 @@ class MinibatchPipeline:
             )
             plan = self.policy.plan(info) if buf is not None else None
             if self.trace_writer is not None:
-                self.trace_writer.add(epoch, remote)
+                self.trace_writer.add(epoch, remote, input_rows=int(input_nodes.numel()))
             x, stats = self.feats.fetch(input_nodes, plan, future)
             y = self.labels[seeds]
             bad = 0

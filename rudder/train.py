@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         init = buffer.contents() if buffer is not None else torch.empty(0, dtype=torch.int64)
         trace = TraceWriter(args.run_dir / f"trace-r{rank}.npz", halo=halo, init=init,
                             capacity=capacity, feat_bytes=feats.row_bytes, part_id=part_id,
-                            num_parts=pb.num_partitions())
+                            num_parts=pb.num_partitions(), flush_every=200)
     lookahead = pc.lookahead if pc.policy.startswith(("lookahead", "agent", "classifier", "collect")) else 0
     pipe = MinibatchPipeline(
         lambda epoch: train_loader, feats, labels, policy, MetricsCollector(pc.window),

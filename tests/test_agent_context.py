@@ -33,7 +33,7 @@ def test_static_context_has_run_facts_and_budgets():
     p = b.build(WINDOW)
     assert p.messages[-1]["content"].startswith(s)
     # the system message is the same for every run: its KV cache is reused across calls/ranks
-    assert ContextBuilder(ctx(capacity=7, rank=3), "zero-shot").build(WINDOW).messages[0] == p.messages[0]
+    assert ContextBuilder(ctx(capacity=7, rank=3), "reason-first").build(WINDOW).messages[0] == p.messages[0]
 
 
 def test_window_lines_trend_and_lookahead():

@@ -73,10 +73,16 @@ def _decide(args) -> int:
     from rudder.agent.eval import make_backend
 
     window = _json_arg(args.window)
+    recent: list = []
+    if isinstance(window.get("window"), dict):  # a whole labelled record (eval file line)
+        rec = window
+        window, recent = rec["window"], rec.get("recent") or []
+        args.context = args.context or json.dumps(rec.get("context") or {})
+        args.history = args.history or json.dumps(rec.get("history") or [])
     ctx = _json_arg(args.context) or {}
     history = _json_arg(args.history) or []
     builder = ContextBuilder(ctx, args.variant)
-    prompt = builder.build(window, history, window.get("recent", []) if isinstance(window, dict) else [])
+    prompt = builder.build(window, history, recent)
     if args.show_prompt:
         for m in prompt.messages:
             print(f"--- {m['role']}\n{m['content']}")
@@ -132,7 +138,8 @@ def register(subparsers) -> None:
 
     q = sub.add_parser("decide", help="one decision on a window, printed (manual probe)")
     common(q, many=False)
-    q.add_argument("--window", required=True, help="WINDOW_FIELDS record: JSON or a file")
+    q.add_argument("--window", required=True,
+                   help="WINDOW_FIELDS record, or a whole labelled record (eval file line): JSON or a file")
     q.add_argument("--context", default=None, help="RunContext-like dict: JSON or a file")
     q.add_argument("--history", default=None, help="list of past decisions: JSON or a file")
     q.add_argument("--variant", default="default")

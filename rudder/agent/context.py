@@ -4,12 +4,12 @@ decisions (with their measured outcomes) into chat messages for the decision mak
 Message layout. On CPUs the prompt's prefill dominates a decision's latency, and llama.cpp
 reuses the KV cache of the longest prefix shared with the previous call, so everything that is
 the same for every run, rank and window comes first:
-  system     metric definitions, actions, rules of thumb (constant)
+  system     metric definitions, actions, rules of thumb, answer format (constant per variant)
   user/asst  canned in-context examples (constant), then examples judged in hindsight from this
              run's own history (variant `default`)
   user       the static context of this run (graph/partition sizes, r/P, batch, minibatches,
              halo, capacity, budgets in rows), the last decisions with outcomes, the current
-             window, and the answer format
+             window
 
 Prompt variants (scored by `rudder agent eval`):
   zero-shot     decision first in the JSON (reason last), no examples
@@ -130,17 +130,17 @@ Rules of thumb:
 - Minibatches are shuffled: past hits predict future hits poorly; lookahead is the best evidence.
 - After a useful replacement expect hit_rate up and fetched rows down; after keeping, expect flat.
 - If a past prediction failed, change course.
-Answer with one JSON object; "remote_rows" in it means fetched rows."""
+Answer with one JSON object; "remote_rows" in it means fetched rows:"""
 
 RUN_TEMPLATE = """\
 Run: graph {num_nodes:,} nodes, {num_parts} partitions; rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes, {halo_nodes:,} halo nodes); buffer capacity {capacity:,} rows ({cap_share} of halo); minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs; window {window} minibatches; {lookahead_text}; budgets: small {small:,} rows, medium {medium:,}, large {large:,}."""
 
 ANSWER_REASON_FIRST = (
-    'Answer: {"reason": one short sentence, "replace": true|false, "budget": "small"|"medium"|"large", '
+    '{"reason": one short sentence, "replace": true|false, "budget": "small"|"medium"|"large", '
     '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}'
 )
 ANSWER_DECISION_FIRST = (
-    'Answer: {"replace": true|false, "budget": "small"|"medium"|"large", '
+    '{"replace": true|false, "budget": "small"|"medium"|"large", '
     '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": one short sentence}'
 )
 
@@ -200,8 +200,8 @@ class ContextBuilder:
         self.variant = get_variant(variant)
         self.history_k = history
         self.schema = answer_schema(self.variant.reason_first)
-        self.system = SYSTEM_TEMPLATE
         self.answer_text = ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST
+        self.system = SYSTEM_TEMPLATE + "\n" + self.answer_text  # constant per variant: cached
         design = {
             "variant": asdict(self.variant), "system": SYSTEM_TEMPLATE, "run": RUN_TEMPLATE,
             "schema": self.schema, "answer": self.answer_text,
@@ -326,8 +326,7 @@ class ContextBuilder:
         for user, answer in self._examples(hist):
             msgs.append({"role": "user", "content": user})
             msgs.append({"role": "assistant", "content": json.dumps(_ordered(answer, self.variant.reason_first))})
-        user = "\n".join([self.static_text(), self.render_history(hist), self.render_window(window, recent),
-                          self.answer_text])
+        user = "\n".join([self.static_text(), self.render_history(hist), self.render_window(window, recent)])
         msgs.append({"role": "user", "content": user})
         return Prompt(msgs, self.schema, self.hash, self.variant.name)
 

@@ -76,28 +76,31 @@ class HaloBuffer:
 
     def lookup(self, remote_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Splits remote ids into hits and misses: (hit mask, slot or -1)."""
-        is_halo, pos = self.halo_positions(remote_ids)
-        slots = torch.where(is_halo, self.slot_of[pos], torch.full_like(pos, -1))
+        _, _, slots = self.locate(remote_ids)
         return slots >= 0, slots
+
+    def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(is_halo, halo position, slot or -1) for each id: one search serves lookup and record."""
+        is_halo, pos = self.halo_positions(ids)
+        slots = torch.where(is_halo, self.slot_of[pos], torch.full_like(pos, -1))
+        return is_halo, pos, slots
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies rows out: the caller's tensor never aliases the buffer (safe to replace later)."""
         return self.feats.index_select(0, slots)
 
     # ---- bookkeeping ----------------------------------------------------------------------
-    def record(self, hit_slots: torch.Tensor, missed_ids: torch.Tensor, count_misses: bool = True):
+    def record(self, hit_slots: torch.Tensor, missed_pos: torch.Tensor, count_misses: bool = True):
         """One minibatch of scores: every slot decays, a hit slot skips this decay (the score is
         (1-alpha)^(minibatches not hit since filled), never recovering); each sampled halo node
-        not buffered gets +1 miss (not on replacement minibatches: the reference skips them)."""
+        not buffered gets +1 miss (not on replacement minibatches: the reference skips them).
+        hit_slots: distinct slots hit; missed_pos: halo positions of the non-buffered halo
+        nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
         self.score.mul_(self.decay)
         if hit_slots.numel():
-            hit = torch.unique(hit_slots)
-            self.score[hit] /= self.decay
-        if count_misses and missed_ids.numel():
-            is_halo, pos = self.halo_positions(missed_ids)
-            pos = pos[is_halo]
-            pos = pos[self.slot_of[pos] < 0]
-            self.miss_count.index_add_(0, pos, torch.ones(pos.numel(), dtype=torch.float64))
+            self.score[hit_slots] /= self.decay
+        if count_misses and missed_pos.numel():
+            self.miss_count.index_add_(0, missed_pos, torch.ones(missed_pos.numel(), dtype=torch.float64))
 
     def stale_slots(self) -> torch.Tensor:
         """Filled slots whose score fell below (1-alpha)^period, lowest score first; then empties."""

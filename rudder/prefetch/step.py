@@ -48,10 +48,11 @@ def begin_step(
     buffer: HaloBuffer, remote_ids: torch.Tensor, plan: Replace | None, future: list[torch.Tensor] = ()
 ) -> StepPlan:
     t0 = time.perf_counter()
-    hit_mask, slots = buffer.lookup(remote_ids)
+    is_halo, pos, slots = buffer.locate(remote_ids)  # remote ids are unique in a minibatch
+    hit_mask = slots >= 0
     hit_slots = slots[hit_mask]
     miss_ids = remote_ids[~hit_mask]
-    buffer.record(hit_slots, miss_ids, count_misses=plan is None)
+    buffer.record(hit_slots, pos[is_halo & ~hit_mask], count_misses=plan is None)
     victims = newcomers = extra = torch.empty(0, dtype=torch.int64)
     if plan is not None:
         if plan.mechanism == "massivegnn":
