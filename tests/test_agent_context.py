@@ -89,17 +89,17 @@ def test_history_rendered_with_outcomes_and_used_as_examples():
     ]
     p = ContextBuilder(ctx(), "default", history=4).build(WINDOW, h, [0.4])
     user = p.messages[-1]["content"]
-    assert "#1 on window 3: replace (medium, 500 rows)" in user
-    assert "measured hit_rate +4.0 pt (up), fetched rows -8% (down); prediction correct" in user
-    assert "#2 on window 4: no valid answer, static applied" in user
-    assert "#3 on window 5: keep" in user and "outcome pending" in user
+    assert "#1 window 3: replace medium (500 rows); predicted hit_rate up, rows down" in user
+    assert "measured hit_rate +4.0 pt (up), rows -8% (down): correct" in user
+    assert "#2 window 4: no valid answer, static applied" in user
+    assert "#3 window 5: keep" in user and "outcome pending" in user
     # the judged window of #1 became an in-context example, labelled by hindsight (replace paid)
     ex_users = [m["content"] for m in p.messages[1:-1:2]]
     assert any("Window 3" in u for u in ex_users)
     assert len(p.messages) == 1 + 2 * 4 + 1
     # history_k limits what is shown
     p1 = ContextBuilder(ctx(), "reason-first", history=1).build(WINDOW, h)
-    assert "#1 on" not in p1.messages[-1]["content"] and "#3 on" in p1.messages[-1]["content"]
+    assert "#1 window" not in p1.messages[-1]["content"] and "#3 window" in p1.messages[-1]["content"]
 
 
 def test_hindsight_labels():

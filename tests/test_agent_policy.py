@@ -153,8 +153,8 @@ def test_reflection_scores_predictions_and_feeds_history():
     assert hist[0].hit_delta == pytest.approx(0.05) and hist[0].rows_delta == pytest.approx(-0.125)
     # the prompts after the outcomes were measured show them to the model
     last_user = backend.prompts[3][-1]["content"]
-    assert "#1 on window 0: replace (medium, 50 rows)" in last_user and "prediction correct" in last_user
-    assert "#2 on window 1" in last_user and "prediction wrong" in last_user
+    assert "#1 window 0: replace medium (50 rows)" in last_user and "(down): correct" in last_user
+    assert "#2 window 1" in last_user and "(flat): wrong" in last_user
     pol.close()
     left = pol.decisions()
     assert [r["decision"] for r in left] == [4] and left[0]["applied_step"] is None

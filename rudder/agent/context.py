@@ -284,17 +284,17 @@ class ContextBuilder:
         lines = ["Recent decisions:"]
         for h in shown:
             if h.fallback:
-                lines.append(f"- #{h.decision} on window {h.window}: no valid answer, {h.fallback} applied")
+                lines.append(f"- #{h.decision} window {h.window}: no valid answer, {h.fallback} applied")
                 continue
-            act = f"replace ({h.budget}, {h.rows} rows)" if h.replace else "keep"
-            s = (f"- #{h.decision} on window {h.window}: {act}; predicted hit_rate {h.expected_hit_rate}, "
-                 f"fetched rows {h.expected_remote_rows}")
+            act = f"replace {h.budget} ({h.rows} rows)" if h.replace else "keep"
+            s = (f"- #{h.decision} window {h.window}: {act}; predicted hit_rate {h.expected_hit_rate}, "
+                 f"rows {h.expected_remote_rows}")
             if h.correct is None and h.outcome_hit_rate is None:
                 s += "; outcome pending"
             else:
                 s += (f"; measured hit_rate {100 * (h.hit_delta or 0):+.1f} pt ({h.outcome_hit_rate}), "
-                      f"fetched rows {100 * (h.rows_delta or 0):+.0f}% ({h.outcome_remote_rows}); "
-                      f"prediction {'correct' if h.correct else 'wrong'}")
+                      f"rows {100 * (h.rows_delta or 0):+.0f}% ({h.outcome_remote_rows}): "
+                      f"{'correct' if h.correct else 'wrong'}")
             lines.append(s)
         return "\n".join(lines)
 

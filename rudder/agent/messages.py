@@ -21,8 +21,9 @@ Budget = Literal["small", "medium", "large"]
 # 15% refreshes a sizeable part yet bounds what one wrong answer can flush out of the buffer.
 BUDGET_SHARE: dict[str, float] = {"small": 0.01, "medium": 0.05, "large": 0.15}
 
-# A short reason keeps latency and truncation risk low (the schema caps it; ~40 tokens).
-REASON_MAX_CHARS = 160
+# A short reason keeps latency low and the answer inside max_tokens (160 by default) even when a
+# small model degenerates into one-character tokens ("1.1.1..." was seen with SmolLM2).
+REASON_MAX_CHARS = 100
 
 
 def budget_rows(budget: str, capacity: int) -> int:
