@@ -48,7 +48,7 @@ def belady_hits(run_dir: Path, ranks: int) -> int:
     for r in range(ranks):
         p = run_dir / f"trace-r{r}.npz"
         if p.exists():
-            total += int(belady(Trace.load(p)).hits)
+            total += belady(Trace.load(p)).total_hits
     return total
 
 
@@ -68,9 +68,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     rows = []
     for machines in args.machines:
+        base = None  # `none` has no buffer: one run serves every fraction
         for frac in args.fractions:
-            base = None
             for policy in args.policies:
+                if policy == "none" and base is not None:
+                    rows.append((machines, frac, policy, base, base))
+                    continue
                 cfg = RunConfig.model_validate({
                     "dataset": {"name": args.dataset},
                     "train": {"epochs": args.epochs, "batch_size": args.batch_size,
@@ -85,7 +88,7 @@ def main() -> None:
                     rows.append((machines, frac, policy, f"FAILED: {res.reason}"))
                     continue
                 s = summarize(res.run_dir, machines)
-                s["belady_hits"] = belady_hits(res.run_dir, machines)
+                s["belady_hits"] = belady_hits(res.run_dir, machines) if policy != "none" else 0
                 s["wall_s"] = time.time() - t0
                 if policy == "none":
                     base = s

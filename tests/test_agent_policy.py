@@ -118,8 +118,9 @@ def test_plan_never_blocks_with_a_slow_model():
 def test_massivegnn_mechanism_without_lookahead():
     pol = make(ScriptedBackend([answer(True, "large")]))
     pol.setup(ctx(lookahead=0))
+    assert pol.wait_for_decision(0.05) is False
     pol.observe({"global_step": 4}, win(0, 0.3, 700))
-    wait_outbox(pol)
+    assert pol.wait_for_decision(5.0)
     r = pol.plan(step(5))
     pol.close()
     assert r.mechanism == "massivegnn" and r.max_rows == 150 and r.source == "agent#1"
@@ -216,3 +217,24 @@ def test_measure_and_reflect_tolerances():
     d = Decision(fallback="static")
     reflect(d, a, win(1, 0.5, 500))
     assert d.correct is None
+
+
+def test_unusable_fallback_rejected_at_setup():
+    pol = AgentPolicy(PrefetchConfig(policy="agent"), agent=AgentConfig(fallback="agent"),
+                      decision_maker=DecisionMaker(ScriptedBackend([answer()]), "fake"))
+    with pytest.raises(ValueError, match="valid: static, fixed, lookahead"):
+        pol.setup(ctx())
+
+
+def test_service_url_resolution(monkeypatch):
+    from rudder.agent.policy import service_url
+
+    for k in ("RUDDER_AGENT_URL", "RUDDER_MACHINE_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+    assert service_url(AgentConfig()) is None  # inproc
+    assert service_url(AgentConfig(backend="http", url="http://h:1")) == "http://h:1"
+    monkeypatch.setenv("RUDDER_MACHINE_ADDR", "10.88.0.2")
+    assert service_url(AgentConfig(backend="http")) == "http://10.88.0.2:8431"
+    assert service_url(AgentConfig()) is None  # inproc stays inproc without the cluster's URL
+    monkeypatch.setenv("RUDDER_AGENT_URL", "http://10.88.0.2:9000")
+    assert service_url(AgentConfig()) == "http://10.88.0.2:9000"

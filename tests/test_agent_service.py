@@ -87,14 +87,17 @@ def test_policy_uses_node_service_from_env(service, monkeypatch):
 
 def test_service_entry_point_ready_and_stops_on_sigterm(tmp_path):
     port = free_port()
-    env = dict(os.environ, RUDDER_MACHINE_ADDR="127.0.0.1")
+    ready = tmp_path / "ready" / "service0.0"
+    env = dict(os.environ, RUDDER_MACHINE_ADDR="127.0.0.1", RUDDER_READY_FILE=str(ready))
     proc = subprocess.Popen([sys.executable, "-m", "rudder.agent.service", "--model", "smollm2-135m",
-                             "--port", str(port), "--no-warm", "--ready-timeout", "180"],
+                             "--port", str(port), "--no-warm", "--ready-timeout", "180",
+                             "--path", str(resolve("smollm2-135m"))],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                             start_new_session=True)
     try:
         line = proc.stdout.readline()
         assert line.strip() == f"READY http://127.0.0.1:{port}", line
+        assert ready.read_text().strip() == f"http://127.0.0.1:{port}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         # the server it started is gone with it: nothing listens on the port any more

@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `apps` is imported by name, as the endpoint's workers do
+    sys.path.insert(0, str(REPO))
 EP = "4b116d3c-1703-4f8f-9f6f-39921e5864df"
 
 

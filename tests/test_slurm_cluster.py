@@ -17,6 +17,8 @@ import yaml
 from rudder.workflow.testcluster import SlurmTestCluster, missing_binaries
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 PROBE = REPO / "tests" / "cluster_probe_trainer.py"
 
 pytestmark = [
@@ -120,6 +122,40 @@ def test_study_through_slurm_provider_end_to_end(slurm, tmp_path):
     assert "rudder.cluster.slurm node" in srun_log
     print(f"slurm study wall {wall:.1f} s")
     deadline = time.monotonic() + 30  # the Parsl block was scancelled at cleanup
+    while slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not slurm.jobs(), slurm.jobs()
+
+
+@pytest.mark.timeout(300)
+def test_globus_engine_with_slurm_provider(slurm, tmp_path, monkeypatch):
+    """The endpoint side on Slurm: a real GlobusComputeEngine whose SlurmProvider sbatches its
+    workers; a task packed as the SDK packs it runs inside the job and its Result comes back."""
+    from parsl.launchers import SrunLauncher
+    from parsl.providers import SlurmProvider
+
+    from apps import collect_metrics
+    from rudder.workflow.execution import prepare_environment
+    from rudder.workflow.globus import LocalEngineExecutor, start_local_engine
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    prepare_environment(REPO)
+    provider = SlurmProvider(nodes_per_block=1, init_blocks=1, min_blocks=0, max_blocks=1,
+                             walltime="00:10:00", exclusive=False, cmd_timeout=30,
+                             launcher=SrunLauncher())
+    t0 = time.time()
+    engine = start_local_engine(tmp_path / "gce", provider=provider, max_workers=1,
+                                heartbeat_period=5, heartbeat_threshold=30)
+    try:
+        gx = LocalEngineExecutor(engine)
+        res = gx.submit(collect_metrics, str(tmp_path / "norun"), str(tmp_path / "r.db")).result(180)
+        assert res["collected"] is False and res["reason"] == "no run.json"
+        probe = gx.submit(os.environ.get, "SLURM_JOB_ID").result(60)  # it ran inside the job
+        assert probe and probe.isdigit()
+        print(f"engine on Slurm: first result after {time.time() - t0:.1f} s")
+    finally:
+        engine.shutdown()
+    deadline = time.monotonic() + 30  # the engine cancelled its block
     while slurm.jobs() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not slurm.jobs(), slurm.jobs()

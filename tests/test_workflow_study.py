@@ -132,11 +132,16 @@ def test_default_study_is_small_and_complete():
     policies = {r.point["policy"] for r in study.runs}
     from rudder.prefetch.policies import REGISTRY
 
-    assert policies == {p for p in REGISTRY if p != "classifier"}  # every runnable policy
+    # every policy that runs without extra inputs (classifier:<name> needs a trained model,
+    # collect only gathers the classifiers' training data)
+    assert policies == {"none", "static", "fixed", "lookahead", "agent"}
+    assert policies <= set(REGISTRY)
     assert {r.point["machines"] for r in study.runs} == {1, 2, 4}
     assert {r.dataset for r in study.runs} <= {"synth-tiny", "synth-small"}
     assert len(study.runs) <= 20
     assert all(r.config.train.epochs <= 2 for r in study.runs)
+    big = load_study(CONFIGS / "studies" / "local_synth_small.yaml", base)
+    assert {r.point["policy"] for r in big.runs} == policies
 
 
 # -- execution configs ----------------------------------------------------------------------------

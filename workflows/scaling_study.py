@@ -182,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     if remote:
         from rudder.workflow.globus import GlobusUnavailable, check_login
 
+        if not Path(runs_dir).is_absolute():
+            log.warning("--runs-dir %s is relative: on the endpoint it resolves against the "
+                        "engine's task working directory; give an absolute path ($SCRATCH/...)",
+                        runs_dir)
+
         try:  # before Parsl starts anything: no prompt, no hang
             check_login()
         except GlobusUnavailable as exc:

@@ -136,12 +136,12 @@ RUN_TEMPLATE = """\
 Run: graph {num_nodes:,} nodes, {num_parts} partitions; rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes, {halo_nodes:,} halo nodes); buffer capacity {capacity:,} rows ({cap_share} of halo); minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs; window {window} minibatches; {lookahead_text}; budgets: small {small:,} rows, medium {medium:,}, large {large:,}."""
 
 ANSWER_REASON_FIRST = (
-    '{"reason": one short sentence, "replace": true|false, "budget": "small"|"medium"|"large", '
+    '{"reason": "hit rate rising|steady|falling, N% stale, M% missing ahead: replace|keep", "replace": true|false, "budget": "small"|"medium"|"large", '
     '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}'
 )
 ANSWER_DECISION_FIRST = (
     '{"replace": true|false, "budget": "small"|"medium"|"large", '
-    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": one short sentence}'
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": "hit rate rising|steady|falling, N% stale, M% missing ahead"}'
 )
 
 # The run the canned examples pretend to come from (fixed, so their KV cache is reused).
@@ -151,15 +151,15 @@ CANNED_CONTEXT = dict(rank=0, num_trainers=4, part_id=0, num_parts=4, num_nodes=
                       window=10, lookahead=3)
 
 # Canned examples: simple, unambiguous windows, in a non-alternating order (a small model
-# otherwise continues the alternation).
+# otherwise continues the alternation). Their reasons are written by `evidence` (below), so the
+# model learns to restate the current window's evidence before it commits to a decision.
 CANNED: list[dict[str, Any]] = [
     {
         "window": {"window": 4, "first_step": 40, "last_step": 49, "minibatches": 10, "hit_rate": 0.31,
                    "remote_rows": 120000, "fetched_rows": 82800, "replaced_rows": 0, "stale_slots": 7200,
                    "buffer_fill": 10000, "lookahead_missing": 9000, "lookahead_rows": 1500},
         "recent": [0.45, 0.38],
-        "answer": {"reason": "hit rate falling, most slots stale, next minibatches need many missing nodes",
-                   "replace": True, "budget": "large",
+        "answer": {"replace": True, "budget": "large",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
     },
     {
@@ -167,8 +167,7 @@ CANNED: list[dict[str, Any]] = [
                    "remote_rows": 120000, "fetched_rows": 43200, "replaced_rows": 0, "stale_slots": 800,
                    "buffer_fill": 10000, "lookahead_missing": 400, "lookahead_rows": 100},
         "recent": [0.58, 0.61],
-        "answer": {"reason": "hit rate high and rising, the buffer already holds what comes next",
-                   "replace": False, "budget": "small",
+        "answer": {"replace": False, "budget": "small",
                    "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
     },
     {
@@ -176,8 +175,7 @@ CANNED: list[dict[str, Any]] = [
                    "remote_rows": 120000, "fetched_rows": 54500, "replaced_rows": 500, "stale_slots": 1200,
                    "buffer_fill": 10000, "lookahead_missing": 300, "lookahead_rows": 100},
         "recent": [0.55, 0.55],
-        "answer": {"reason": "hit rate steady, few stale slots, little missing ahead",
-                   "replace": False, "budget": "small",
+        "answer": {"replace": False, "budget": "small",
                    "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
     },
     {
@@ -185,11 +183,30 @@ CANNED: list[dict[str, Any]] = [
                    "remote_rows": 120000, "fetched_rows": 93600, "replaced_rows": 0, "stale_slots": 5500,
                    "buffer_fill": 10000, "lookahead_missing": 6000, "lookahead_rows": 500},
         "recent": [0.30, 0.26],
-        "answer": {"reason": "hit rate low and dropping, the next minibatches miss many nodes",
-                   "replace": True, "budget": "medium",
+        "answer": {"replace": True, "budget": "medium",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
     },
 ]
+
+
+def evidence(w: dict, prev: list[float | dict] | tuple = (), capacity: int = 0, lookahead: bool = True) -> str:
+    """The reason an answer should start with: hit-rate trend, stale share, missing share.
+    Small models copy the form of the examples' reasons; this form makes them copy the evidence
+    of the current window (and then decide on it) rather than an example's conclusion."""
+    cap = max(1, capacity)
+    prev = [p.get("hit_rate") if isinstance(p, dict) else p for p in prev]
+    prev = [p for p in prev if p is not None]
+    parts = []
+    hr = w.get("hit_rate")
+    if hr is not None and prev:
+        parts.append("hit rate " + {"up": "rising", "down": "falling", "flat": "steady"}[direction(hr - prev[-1], HIT_TOL)])
+    elif hr is not None:
+        parts.append(f"hit rate {100 * hr:.0f}%")
+    if w.get("stale_slots") is not None:
+        parts.append(f"{100 * w['stale_slots'] / cap:.0f}% stale")
+    if lookahead and w.get("lookahead_missing") is not None:
+        parts.append(f"{100 * w['lookahead_missing'] / cap:.0f}% missing ahead")
+    return ", ".join(parts)
 
 
 class ContextBuilder:
@@ -310,12 +327,19 @@ class ContextBuilder:
                     break
                 ex = hindsight_example(h)
                 if ex is not None:
-                    own.append((self.static_text() + "\n" + self.render_window(h.judged or {}), ex))
+                    judged = h.judged or {}
+                    prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
+                    ex["reason"] = (evidence(judged, prev, self.ctx.capacity, self.ctx.lookahead > 0)
+                                    + (": replace" if ex["replace"] else ": keep"))
+                    own.append((self.static_text() + "\n" + self.render_window(judged, prev), ex))
             own.reverse()
         canned_builder = ContextBuilder.__new__(ContextBuilder)
         canned_builder.ctx, canned_builder.variant = as_context(CANNED_CONTEXT), v
+        cap = CANNED_CONTEXT["capacity"]
         canned = [((canned_builder.static_text() + "\n" if i == 0 else "Same run.\n")
-                   + canned_builder.render_window(e["window"], e["recent"]), e["answer"])
+                   + canned_builder.render_window(e["window"], e["recent"]),
+                   {"reason": evidence(e["window"], e["recent"], cap) + (": replace" if e["answer"]["replace"] else ": keep"),
+                    **e["answer"]})
                   for i, e in enumerate(CANNED)]
         return canned[: v.max_examples - len(own)] + own
 

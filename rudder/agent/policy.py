@@ -23,11 +23,12 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import deque
 from typing import Any
 
 from rudder.agent.context import HIT_TOL, ROWS_TOL, ContextBuilder, direction, per_minibatch
-from rudder.agent.decision import DecisionMaker, warm_prompt
+from rudder.agent.decision import FALLBACKS, DecisionMaker, warm_prompt
 from rudder.agent.messages import Decision, HistoryEntry, budget_rows
 from rudder.config import AgentConfig, PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
@@ -62,6 +63,18 @@ def reflect(d: Decision, judged: dict, after: dict) -> tuple[float | None, float
     return hit, rows
 
 
+def service_url(cfg: AgentConfig) -> str | None:
+    """Where this trainer's model answers over HTTP, or None for in-process:
+    $RUDDER_AGENT_URL (the cluster's node service) wins; else agent.url; else, for backend=http,
+    the node's AgentService at its default port on $RUDDER_MACHINE_ADDR."""
+    url = os.environ.get("RUDDER_AGENT_URL") or (cfg.url if cfg.backend == "http" else None)
+    if url is None and cfg.backend == "http" and os.environ.get("RUDDER_MACHINE_ADDR"):
+        from rudder.agent.service import DEFAULT_PORT
+
+        url = f"http://{os.environ['RUDDER_MACHINE_ADDR']}:{DEFAULT_PORT}"
+    return url
+
+
 class AgentPolicy(Policy):
     name = "agent"
     records_decisions = True
@@ -71,7 +84,7 @@ class AgentPolicy(Policy):
         self.cfg = cfg
         self.agent_cfg = agent or AgentConfig()
         self._maker = decision_maker
-        self._url = os.environ.get("RUDDER_AGENT_URL") or None  # the node's service (cluster sets it)
+        self._url = service_url(self.agent_cfg)
         self._inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
         self._outbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -92,6 +105,8 @@ class AgentPolicy(Policy):
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
         a = self.agent_cfg
+        if a.fallback not in FALLBACKS:
+            raise ValueError(f"agent.fallback {a.fallback!r} not usable; valid: {', '.join(FALLBACKS)}")
         self.builder = ContextBuilder(ctx, a.prompt, a.history)
         self.mechanism = "lookahead" if ctx.lookahead > 0 else "massivegnn"
         from rudder.prefetch.policies import make_policy
@@ -116,6 +131,8 @@ class AgentPolicy(Policy):
         window = dict(window)
         self._reflect(window)
         recent = list(self._recent)
+        if recent and recent[-1].get("hit_rate") is not None:
+            window["prev_hit_rate"] = recent[-1]["hit_rate"]  # the trend, for hindsight examples
         self._recent.append(window)
         item = (window, recent)
         while True:
@@ -194,6 +211,16 @@ class AgentPolicy(Policy):
         self._pending = []
         if getattr(self, "fallback", None) is not None:
             self.fallback.close()
+
+    def wait_for_decision(self, timeout_s: float) -> bool:
+        """Blocks until a decision is waiting for plan() (or timeout/agent stopped). Training never
+        calls this; a replay (rudder sim) does, to apply answers as a zero-latency agent would."""
+        deadline = time.monotonic() + timeout_s
+        while self._outbox.empty():
+            if self._thread is None or not self._thread.is_alive() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     # ---- results --------------------------------------------------------------------------
     @property

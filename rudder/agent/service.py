@@ -9,8 +9,10 @@ The paper's reference ran one Ollama server per rank on the trainer's GPU; one p
 cores keeps the model's memory and threads off the trainers.
 
 Per machine (what the cluster launcher runs; RUDDER_MACHINE_ADDR is the node's address):
-    python -m rudder.agent.service --model qwen2.5-coder-0.5b --port 8431
-It prints `READY <url>` once the server answers, and stops the server on SIGTERM/SIGINT.
+    python -m rudder.agent.service --model qwen2.5-coder-0.5b [--port 8431] [--threads 1]
+Once the server answers (and its prompt prefix is warmed) it writes its URL to
+$RUDDER_READY_FILE (when set) and prints `READY <url>`; SIGTERM/SIGINT stop the server. The
+trainers' AgentPolicy finds it at $RUDDER_AGENT_URL, or else at http://$RUDDER_MACHINE_ADDR:8431.
 """
 from __future__ import annotations
 
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rudder.agent.service",
                                  description="Serve one agent model for the trainers of this node.")
     ap.add_argument("--model", default="smollm2-135m", help="registry name (rudder.agent.models)")
-    ap.add_argument("--model-path", default=None, help="GGUF file (user models)")
+    ap.add_argument("--model-path", "--path", dest="model_path", default=None, help="GGUF file (user models)")
     ap.add_argument("--host", default=None, help="bind address (default $RUDDER_MACHINE_ADDR or 127.0.0.1)")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--threads", type=int, default=1)
@@ -194,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     with svc:
         if not args.no_warm and not done.is_set():
             log.info("prompt prefix warmed in %.1f s", svc.warm(args.prompt))
+        ready_file = os.environ.get("RUDDER_READY_FILE")  # the cluster waits for it (wait_services)
+        if ready_file:
+            Path(ready_file).parent.mkdir(parents=True, exist_ok=True)
+            Path(ready_file).write_text(svc.url + "\n")
         print(f"READY {svc.url}", flush=True)
         while not done.is_set():
             if svc.proc is None or svc.proc.poll() is not None:

@@ -219,8 +219,8 @@ class StudyDAG:
         fut = st.future
         exc = fut.exception()
         st.settled_at = time.time()
-        st.attempts = 1 + int(getattr(fut, "task_record", {}).get("fail_count", 0) or 0) \
-            if hasattr(fut, "task_record") else 1
+        rec = getattr(fut, "task_record", None) or {}
+        st.attempts = 1 + int(rec.get("fail_count", 0) or 0)
         if exc is None:
             res = fut.result() or {}
             st.status = "skipped" if res.get("skipped") else "done"
@@ -278,9 +278,11 @@ class StudyDAG:
                     f._rudder_seen = True  # type: ignore[attr-defined]
                     st = f._rudder_state  # type: ignore[attr-defined]
                     exc = f.exception()
-                    st.collected = exc is None
                     if exc is not None:
+                        st.collected = False
                         log.warning("collect %s failed: %s", st.run.run_id, short_reason(exc))
+                    else:  # None: nothing to collect (the run never started)
+                        st.collected = True if (f.result() or {}).get("collected") else None
             self._refresh_running()
             notify(self, "tick")
         if self.report_dir:
