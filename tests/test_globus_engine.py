@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `apps` is imported by name, as the endpoint's workers do
@@ -76,7 +75,7 @@ def test_packed_apps_run_on_the_real_engine(engine, tmp_path):
     from globus_compute_sdk.errors import TaskExecutionFailed
 
     from apps import collect_metrics, stage_dataset
-    from rudder.workflow.globus import LocalEngineExecutor, pack_task, unpack_result
+    from rudder.workflow.globus import LocalEngineExecutor, pack_task
 
     # the wire format: a messagepack Task holding SDK-serialised function, args, kwargs
     tid, packed = pack_task(collect_metrics, (str(tmp_path / "norun"), str(tmp_path / "r.db")), {})

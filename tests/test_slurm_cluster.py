@@ -150,8 +150,10 @@ def test_globus_engine_with_slurm_provider(slurm, tmp_path, monkeypatch):
         gx = LocalEngineExecutor(engine)
         res = gx.submit(collect_metrics, str(tmp_path / "norun"), str(tmp_path / "r.db")).result(180)
         assert res["collected"] is False and res["reason"] == "no run.json"
-        probe = gx.submit(os.environ.get, "SLURM_JOB_ID").result(60)  # it ran inside the job
-        assert probe and probe.isdigit()
+        from rudder.cluster.slurm import allocation_nodes
+
+        # inside the job: SLURM_JOB_NODELIST is set there (here it is not: this would raise)
+        assert gx.submit(allocation_nodes).result(60) == [slurm.node]
         print(f"engine on Slurm: first result after {time.time() - t0:.1f} s")
     finally:
         engine.shutdown()

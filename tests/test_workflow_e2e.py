@@ -5,7 +5,6 @@ pid, and the rerun skips the complete run and finishes the other; DuckDB holds e
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

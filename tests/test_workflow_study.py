@@ -2,7 +2,6 @@
 parses and builds."""
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import yaml
 from rudder.config import ConfigError, RunConfig
 from rudder.workflow.execution import (
     COLLECTOR,
-    ExecutionConfig,
     build_parsl_config,
     parse_execution,
     split_execution_file,
