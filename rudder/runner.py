@@ -54,7 +54,8 @@ def prepare_data(cfg: RunConfig):
 
 def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = None,
                 check: bool = False) -> RunResult:
-    from rudder.cluster import ClusterSpec, LocalCluster
+    from rudder.cluster import ClusterSpec
+    from rudder.cluster.slurm import make_cluster  # LocalCluster, or Slurm when RUDDER_LAUNCHER=slurm
 
     import rudder
 
@@ -87,11 +88,14 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     log.info("run %s: %s on %d machine(s) x %d trainer(s), policy %s", run_id, cfg.dataset.name,
              c.machines, c.trainers_per_machine, cfg.prefetch.policy)
     try:
-        with LocalCluster(spec, run_dir) as cluster:
+        with make_cluster(spec, run_dir) as cluster:
             res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service)
         ok, reason = res.ok, res.reason
     except Exception as exc:  # cluster setup failure: recorded, never a hang
         ok, reason = False, f"cluster: {exc}"
+    except BaseException:  # SIGTERM (SystemExit) / Ctrl-C: the cluster tore down; say so
+        update_run_json(run_dir, status="failed", reason="interrupted", ended_at=time.time())
+        raise
     if ok:
         ok, reason = _check_outputs(run_dir, c.machines * c.trainers_per_machine)
     ended = time.time()
