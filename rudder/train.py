@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     graph_name = json.loads(Path(part_config).read_text())["graph_name"]
 
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # before init_process_group (DGL)
+    # One GPU per trainer on GPU nodes (the launcher sets CUDA_VISIBLE_DEVICES); else the CPU.
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    # gloo also all-reduces CUDA tensors, and the CPU-side counters below stay valid with it.
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     torch.set_num_threads(int(os.environ.get("RUDDER_THREADS", "1")))
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if not classes:
         raise RuntimeError("run.json lacks num_classes")
     model = SAGE(feat_dim, tc.hidden, classes, len(tc.fanouts))
-    model = torch.nn.parallel.DistributedDataParallel(model)
+    model = torch.nn.parallel.DistributedDataParallel(model.to(device))
     opt = torch.optim.Adam(model.parameters(), lr=tc.lr)
 
     ctx = RunContext(
@@ -152,14 +155,16 @@ def main(argv: list[str] | None = None) -> int:
                 if len(saved_inputs) < 5:  # for an independent remote count in tests
                     saved_inputs.append((mb.input_nodes.clone(), mb.stats.remote_rows))
             t0 = time.perf_counter()
-            logits = model(mb.blocks, mb.feats)
-            loss = F.cross_entropy(logits, mb.labels.long())
+            blocks = [b.to(device) for b in mb.blocks] if device.type == "cuda" else mb.blocks
+            labels_d = mb.labels.long().to(device)
+            logits = model(blocks, mb.feats.to(device))
+            loss = F.cross_entropy(logits, labels_d)
             opt.zero_grad()
             loss.backward()  # DDP all-reduce: a sync point across trainers
             opt.step()
             t_compute = time.perf_counter() - t0
             pipe.state.last_t_compute = t_compute
-            correct += int((logits.argmax(1) == mb.labels).sum())
+            correct += int((logits.argmax(1) == labels_d).sum())
             total += int(mb.labels.numel())
             rec = {"epoch": epoch, "step": mb.step, "global_step": mb.global_step, "t_sample": mb.t_sample,
                    **mb.stats.as_dict(), "hit_rate": mb.stats.hits / mb.stats.remote_rows if mb.stats.remote_rows else 0.0,
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         t_epoch = time.perf_counter() - t_epoch
         val_acc = None
         if tc.eval_every and (epoch + 1) % tc.eval_every == 0 or epoch == tc.epochs - 1:
-            val_acc = evaluate(model, loader_for(val_nids, False), feat, labels, torch)
+            val_acc = evaluate(model, loader_for(val_nids, False), feat, labels, torch, device)
         er = {"epoch": epoch, "t_epoch": t_epoch, **agg, "loss": agg["loss"] / max(n, 1),
               "train_acc": correct / max(total, 1), "val_acc": val_acc, "minibatches": n,
               "initial_fill_rows": init_rows if epoch == 0 else 0, "t_initial_fill": t_init if epoch == 0 else 0.0}
@@ -206,14 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def evaluate(model, loader, feat, labels, torch) -> float:
+def evaluate(model, loader, feat, labels, torch, device) -> float:
     """Validation accuracy over this rank's split, summed across ranks (plain pulls: evaluation
     traffic is not part of the training measurements)."""
     model.eval()
     correct = torch.zeros(2)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader:
-            pred = model.module(blocks, feat[input_nodes]).argmax(1)
+            if device.type == "cuda":
+                blocks = [b.to(device) for b in blocks]
+            pred = model.module(blocks, feat[input_nodes].to(device)).argmax(1).cpu()
             correct[0] += (pred == labels[seeds]).sum()
             correct[1] += seeds.numel()
     torch.distributed.all_reduce(correct)
