@@ -101,3 +101,30 @@ def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):
     assert "17" in run["reason"] or "exit" in run["reason"]
     assert not leftovers()
     assert read_jsonl(res.run_dir / "minibatches-r0.jsonl") is not None  # records kept
+
+
+def test_agent_policy_end_to_end(tmp_path, data_root):
+    """The LLM agent (real SmolLM2 through llama.cpp, one per trainer in-process) steering the
+    lookahead replacement on 2 emulated machines: decisions, staleness and outcomes recorded."""
+    # small batches: enough minibatches (~75) for the model to load, warm up and answer
+    # (loading + warming the model takes ~5-10 s on a loaded 2-core host; the run must outlast it)
+    cfg = make_cfg(tmp_path, data_root, 2, "agent", epochs=20, prefetch_fraction=0.25, window=4)
+    cfg.train.batch_size = 200
+    cfg.train.eval_every = 0
+    cfg.agent.prompt = "zero-shot"  # the shortest prompt: quickest to warm up on 1 thread
+    cfg.agent.timeout_s = 60  # 2 trainers + 2 servers + 2 models share 2 cores: answers are slow
+    cfg.agent.model.name = "smollm2-135m"
+    cfg.agent.backend = "inproc"
+    res = execute_run(cfg)
+    assert res.ok, res.reason
+    decisions = [d for r in range(2) for d in read_jsonl(res.run_dir / f"decisions-r{r}.jsonl")]
+    assert decisions, "the agent made no decision"
+    for d in decisions:
+        assert d["model"] == "smollm2-135m" and d["latency_s"] is not None
+        assert isinstance(d["replace"], bool)
+    applied = [d for d in decisions if d.get("applied_step") is not None]
+    assert applied and all(d["staleness"] >= 1 for d in applied)  # judged window -> applied later
+    judged = [d for d in decisions if d.get("correct") is not None]
+    assert judged  # self-reflection: predictions checked against the next window
+    windows = read_jsonl(res.run_dir / "windows-r0.jsonl")
+    assert windows and all(0 <= w["hit_rate"] <= 1 for w in windows)
