@@ -164,6 +164,9 @@ class LocalEngineExecutor(_sdk_executor_base()):  # type: ignore[misc]
         self._futures: set[cf.Future] = set()
         self.submitted = 0
 
+    def __repr__(self) -> str:  # the SDK's reads attributes its __init__ (skipped here) sets
+        return f"LocalEngineExecutor(endpoint_id={self.endpoint_id})"
+
     def submit(self, fn, *args, **kwargs):  # type: ignore[override]
         from globus_compute_endpoint.engines.base import GCFuture
 
