@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 
 from rudder.prefetch.features import BufferedFeatures, FetchStats
-from rudder.prefetch.metrics import MetricsCollector
+from rudder.prefetch.metrics import MetricsCollector, buffer_state
 from rudder.prefetch.policy import Policy, StepInfo
 
 
@@ -156,25 +156,7 @@ class MinibatchPipeline:
                 "hit_rate": stats.hits / stats.remote_rows if stats.remote_rows else 0.0,
                 "t_compute": self.state.last_t_compute, "t_stall": self.state.last_t_stall,
             }
-            window = self.collector.add(record, self._buffer_state(future))
+            window = self.collector.add(record, buffer_state(self.feats.buffer, future))
             self.policy.observe(record, window)
             self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
                                   window, mismatched_rows=bad))
-
-    def _buffer_state(self, future: list[torch.Tensor]) -> dict:
-        buf = self.feats.buffer
-        if buf is None:
-            return {}
-        missing = 0
-        if future:
-            ids = torch.unique(torch.cat(future))
-            is_halo, _ = buf.halo_positions(ids)
-            hit, _ = buf.lookup(ids[is_halo])
-            missing = int((~hit).sum())
-        return {
-            "buffer_fill": buf.size,
-            "stale_slots": buf.stale_count(),
-            "lookahead_missing": missing,
-            # rows a replacement now would cost: the missing ones, at most the capacity
-            "lookahead_rows": min(missing, buf.capacity),
-        }

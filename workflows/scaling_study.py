@@ -71,15 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_sets(items: list[str]) -> dict:
-    import yaml
+    from rudder.run_cli import parse_overrides  # the same KEY=VALUE syntax as `rudder run --set`
 
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
-    return out
+    return parse_overrides(items)
 
 
 def load_inputs(args):

@@ -2,6 +2,8 @@
 reference hid hit rate behind an off-by-default flag, so its agent saw 0 and always evicted)."""
 from __future__ import annotations
 
+import torch
+
 from rudder.records import WINDOW_FIELDS
 
 
@@ -53,3 +55,19 @@ class MetricsCollector:
         self.index += 1
         assert set(w) <= set(WINDOW_FIELDS), set(w) - set(WINDOW_FIELDS)
         return w
+
+
+def buffer_state(buf, future: list[torch.Tensor]) -> dict:
+    """Window fields from the buffer: fill, stale slots, and what the known future lacks
+    (`lookahead_missing` halo nodes of the sampled-ahead minibatches not buffered;
+    `lookahead_rows`: what a replacement now would cost, at most the capacity)."""
+    if buf is None:
+        return {}
+    missing = 0
+    if future:
+        ids = torch.unique(torch.cat(future))
+        is_halo, _ = buf.halo_positions(ids)
+        hit, _ = buf.lookup(ids[is_halo])
+        missing = int((~hit).sum())
+    return {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
+            "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}

@@ -426,16 +426,7 @@ def _epoch_ends(epoch: np.ndarray) -> list[int]:
     return ends[np.searchsorted(ends, np.arange(S), side="right")].tolist()
 
 
-def _buffer_state(buf, future) -> dict:
-    """As MinibatchPipeline._buffer_state: fill, stale slots, and what the known future lacks."""
-    missing = 0
-    if future:
-        ids = torch.unique(torch.cat(future))
-        is_halo, _ = buf.halo_positions(ids)
-        hit, _ = buf.lookup(ids[is_halo])
-        missing = int((~hit).sum())
-    return {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
-            "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
+from rudder.prefetch.metrics import buffer_state as _buffer_state  # noqa: E402  (one definition)
 
 
 def _wait_for_answer(pol, timeout_s: float) -> None:
