@@ -78,13 +78,14 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
                     partition=info.manifest)
 
     c = cfg.cluster
+    service = agent_service_argv(cfg)
     spec = ClusterSpec(machines=c.machines, trainers_per_machine=c.trainers_per_machine,
                        bandwidth=c.bandwidth, netns=c.netns, start_timeout_s=c.start_timeout_s,
-                       run_timeout_s=c.run_timeout_s)
+                       run_timeout_s=c.run_timeout_s,
+                       wait_services=service is not None)  # trainers start once the agent answers
     trainer = [sys.executable, "-m", "rudder.train", "--run-dir", str(run_dir.resolve())]
     if check or cfg.train.check_features:
         trainer.append("--check")
-    service = agent_service_argv(cfg)
     log.info("run %s: %s on %d machine(s) x %d trainer(s), policy %s", run_id, cfg.dataset.name,
              c.machines, c.trainers_per_machine, cfg.prefetch.policy)
     try:
@@ -98,9 +99,10 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
         raise
     if ok:
         ok, reason = _check_outputs(run_dir, c.machines * c.trainers_per_machine)
+    contexts = {p.stem.split("-r")[-1]: json.loads(p.read_text()) for p in run_dir.glob("context-r*.json")}
     ended = time.time()
     update_run_json(run_dir, status="complete" if ok else "failed", reason=reason or None,
-                    ended_at=ended, wall_s=ended - started)
+                    ended_at=ended, wall_s=ended - started, contexts=contexts)
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
     return RunResult(run_id, run_dir, ok, reason or "")
