@@ -431,13 +431,9 @@ from rudder.prefetch.metrics import buffer_state as _buffer_state  # noqa: E402 
 
 def _wait_for_answer(pol, timeout_s: float) -> None:
     """Blocks until an asynchronous policy (AgentPolicy) has an answer queued for plan()."""
-    outbox = getattr(pol, "_outbox", None)
-    thread = getattr(pol, "_thread", None)
-    if outbox is None or thread is None:
-        return
-    deadline = time.perf_counter() + timeout_s
-    while outbox.empty() and thread.is_alive() and time.perf_counter() < deadline:
-        time.sleep(0.005)
+    wait = getattr(pol, "wait_for_decision", None)
+    if wait is not None:
+        wait(timeout_s)
 
 
 def _minibatch_items(trace: Trace):
