@@ -397,14 +397,7 @@ class LocalCluster:
                    'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "rudder-machine", *sup]
         else:
             cmd = sup
-        with open(log_path, "ab") as out:
-            out.write(f"$ {shlex.join(cmd)}\n".encode())
-            out.flush()
-            # New session: the machine's processes form one process group we can kill whole.
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=os.getcwd())
-        self._procs.append(proc)
+        self._procs.append(spawn_logged(cmd, env, log_path))
 
     def _watch(self, t0: float, launched_at: float, cdir: Path,
                plans: list[dict]) -> tuple[str, float | None]:
@@ -534,3 +527,13 @@ class LocalCluster:
                              processes=processes, machine_codes=codes,
                              addresses=self.addresses, netns=bool(self.use_netns),
                              run_dir=str(self.run_dir), cluster=self.net.tag if self.net else "")
+
+
+def spawn_logged(cmd: list[str], env: dict, log_path: Path) -> subprocess.Popen:
+    """Starts cmd with its output (and the command line first) appended to log_path, in a new
+    session: the process and its children form one process group that can be killed whole."""
+    with open(log_path, "ab") as out:
+        out.write(f"$ {shlex.join(cmd)}\n".encode())
+        out.flush()
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd())

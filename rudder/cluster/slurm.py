@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from rudder.cluster.local import _LIVE, ClusterError, ClusterSpec, LocalCluster
+from rudder.cluster.local import _LIVE, ClusterError, ClusterSpec, LocalCluster, spawn_logged
 
 log = logging.getLogger("rudder.cluster")
 
@@ -197,13 +197,7 @@ class SlurmCluster(LocalCluster):
                                      *self.srun_args])
         cmd += [sys.executable, "-m", "rudder.cluster.slurm", "node", str(cdir)]
         srun_log = log_path.parent / "srun.log"
-        with open(srun_log, "ab") as out:
-            out.write(f"$ {shlex.join(cmd)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=os.getcwd())
-        self._procs.append(proc)
+        self._procs.append(spawn_logged(cmd, env, srun_log))
 
 
 def make_cluster(spec: ClusterSpec, run_dir: str | Path) -> LocalCluster:
