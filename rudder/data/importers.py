@@ -432,6 +432,18 @@ def _ogb_split(d: Path, split_dir: str, num_nodes: int) -> tuple[np.ndarray, ...
     return tuple(masks)
 
 
+def _stage_ogb(d: Path, t0: float, src, dst, feat, lab, lab_path: Path, split: str, source: str,
+               name: str, root) -> Path:
+    """The tail both OGB loaders share: labels to int, OGB's split, stage the graph."""
+    n = feat.shape[0]
+    labels = _labels_to_int(lab, lab_path)
+    masks = _ogb_split(d, split, n)
+    log.info("read %s: %d nodes, %d edges (%.1f s)", d, n, src.shape[0], time.perf_counter() - t0)
+    return build_and_stage(src, dst, name=name, root=root, num_nodes=n,
+                           feat=np.ascontiguousarray(feat, dtype=np.float32), labels=labels,
+                           masks=masks, source=source, extra={"files": {"dir": str(d)}})
+
+
 def load_ogbn_products(dir: str | os.PathLike, name: str = "ogbn-products",
                        root: str | os.PathLike = "data", overwrite: bool = False) -> Path:
     """ogbn-products from OGB's on-disk layout in `dir` (raw/edge.csv.gz, raw/node-feat.csv.gz,
@@ -454,14 +466,8 @@ def load_ogbn_products(dir: str | os.PathLike, name: str = "ogbn-products",
         lab = _read_headerless_csv(lab_path, "labels", np.float64).ravel()
         if lab.shape[0] != n:
             raise ValueError(f"{lab_path}: has {lab.shape[0]} rows but node-feat has {n}")
-        labels = _labels_to_int(lab, lab_path)
-        masks = _ogb_split(d, "sales_ranking", n)
-        log.info("read %s: %d nodes, %d edges (%.1f s)", d, n, src.shape[0],
-                 time.perf_counter() - t0)
-        return build_and_stage(src, dst, name=name, root=root, num_nodes=n,
-                               feat=np.ascontiguousarray(feat, dtype=np.float32), labels=labels,
-                               masks=masks, source="ogbn-products",
-                               extra={"files": {"dir": str(d)}})
+        return _stage_ogb(d, t0, src, dst, feat, lab, lab_path, "sales_ranking", "ogbn-products",
+                          name, root)
 
 
 def load_ogbn_papers100m(dir: str | os.PathLike, name: str = "ogbn-papers100M",
@@ -501,14 +507,8 @@ def load_ogbn_papers100m(dir: str | os.PathLike, name: str = "ogbn-papers100M",
             lab = np.asarray(z["node_label"], dtype=np.float64).ravel()
         if lab.shape[0] != n:
             raise ValueError(f"{lab_path}: has {lab.shape[0]} labels but num_nodes is {n}")
-        labels = _labels_to_int(lab, lab_path)
-        masks = _ogb_split(d, "time", n)
-        log.info("read %s: %d nodes, %d edges (%.1f s)", d, n, src.shape[0],
-                 time.perf_counter() - t0)
-        return build_and_stage(src, dst, name=name, root=root, num_nodes=n,
-                               feat=np.ascontiguousarray(feat, dtype=np.float32), labels=labels,
-                               masks=masks, source="ogbn-papers100M",
-                               extra={"files": {"dir": str(d)}})
+        return _stage_ogb(d, t0, src, dst, feat, lab, lab_path, "time", "ogbn-papers100M",
+                          name, root)
 
 
 def load_reddit(dir: str | os.PathLike, name: str = "reddit",
