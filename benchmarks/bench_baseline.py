@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rudder.config import RunConfig
 from rudder.records import read_jsonl
+from bench_policies import bench_config  # benchmarks/ is on sys.path when run as a script
 from rudder.runner import execute_run
 
 
@@ -38,15 +38,7 @@ def main() -> None:
     ]
     for machines in args.machines:
         for bw in args.bandwidth:
-            cfg = RunConfig.model_validate({
-                "dataset": {"name": args.dataset},
-                "train": {"epochs": args.epochs, "batch_size": args.batch_size,
-                          "max_steps_per_epoch": args.max_steps, "eval_every": 0},
-                "prefetch": {"policy": "none"},
-                "cluster": {"machines": machines, "bandwidth": None if bw == "none" else bw,
-                            "run_timeout_s": 3600},
-                "runs_dir": args.runs_dir,
-            })
+            cfg = bench_config(args, machines, bw, policy="none")
             res = execute_run(cfg)
             if not res.ok:
                 lines.append(f"| {machines} | {bw} | FAILED: {res.reason} |||||||")

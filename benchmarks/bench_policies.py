@@ -21,6 +21,19 @@ from rudder.records import read_jsonl
 from rudder.runner import execute_run
 
 
+def bench_config(args, machines: int, bandwidth: str | None, **prefetch) -> RunConfig:
+    """One benchmark run: `--max-steps` minibatches per epoch, no validation pass between epochs."""
+    return RunConfig.model_validate({
+        "dataset": {"name": args.dataset},
+        "train": {"epochs": args.epochs, "batch_size": args.batch_size,
+                  "max_steps_per_epoch": args.max_steps, "eval_every": 0},
+        "prefetch": prefetch,
+        "cluster": {"machines": machines, "bandwidth": None if bandwidth == "none" else bandwidth,
+                    "run_timeout_s": 3600},
+        "runs_dir": args.runs_dir,
+    })
+
+
 def summarize(run_dir: Path, ranks: int) -> dict:
     mbs = [m for r in range(ranks) for m in read_jsonl(run_dir / f"minibatches-r{r}.jsonl")]
     eps = [e for r in range(ranks) for e in read_jsonl(run_dir / f"epochs-r{r}.jsonl")]
@@ -74,14 +87,7 @@ def main() -> None:
                 if policy == "none" and base is not None:
                     rows.append((machines, frac, policy, base, base))
                     continue
-                cfg = RunConfig.model_validate({
-                    "dataset": {"name": args.dataset},
-                    "train": {"epochs": args.epochs, "batch_size": args.batch_size,
-                              "max_steps_per_epoch": args.max_steps, "eval_every": 0},
-                    "prefetch": {"policy": policy, "prefetch_fraction": frac},
-                    "cluster": {"machines": machines, "bandwidth": args.bandwidth, "run_timeout_s": 3600},
-                    "runs_dir": args.runs_dir,
-                })
+                cfg = bench_config(args, machines, args.bandwidth, policy=policy, prefetch_fraction=frac)
                 t0 = time.time()
                 res = execute_run(cfg)
                 if not res.ok:
