@@ -36,7 +36,7 @@ def main() -> None:
         h = halo[torch.multinomial(w, int(args.remote * 0.8), replacement=True)]
         o = torch.randint(N, N * 2, (args.remote // 5,))
         return torch.unique(torch.cat([h, o]))
-    mbs = [minibatch() for _ in range(args.steps + 3)]
+    mbs = [minibatch() for _ in range(args.steps + 8)]
 
     t = []
     for ids in mbs:
@@ -44,11 +44,12 @@ def main() -> None:
     ids_per_s = sum(m.numel() for m in mbs) / sum(t)
     res = {}
     for name, plan in [("bookkeeping only", None), ("fixed round", Replace("massivegnn")),
-                       ("lookahead round (k=3, 5%)", Replace("lookahead", int(0.05 * cap)))]:
+                       ("lookahead round (k=8, 10%, admit misses)", Replace("lookahead", int(0.1 * cap))),
+                       ("lookahead round (k=8, 10%, admit any)", Replace("lookahead", int(0.1 * cap), admit="any"))]:
         ts = []
         for i in range(args.steps):
             t0 = time.perf_counter()
-            step = begin_step(buf, mbs[i], plan, mbs[i + 1 : i + 4])
+            step = begin_step(buf, mbs[i], plan, mbs[i + 1 : i + 9])
             pulled = torch.zeros(step.pull_ids.numel(), args.dim)
             gathered = buf.gather(step.hit_slots)
             finish_step(buf, step, pulled)

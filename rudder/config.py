@@ -39,8 +39,11 @@ class PrefetchConfig(Strict):
     init: Literal["degree", "random", "empty"] = "degree"  # initial fill (MassiveGNN's choices)
     alpha: float = Field(0.05, gt=0, lt=1)  # score decay per minibatch (reference default)
     period: int = Field(25, gt=0)  # fixed policy replaces every `period` minibatches
-    lookahead: int = Field(3, ge=0)  # minibatches sampled ahead; 3 got within 1 pt of Belady
-    budget: float = Field(0.05, gt=0, le=1)  # max share of capacity replaced per round
+    lookahead: int = Field(8, ge=0)  # minibatches sampled ahead: 8 got 0.95-0.99 of Belady's hits
+    budget: float = Field(0.1, gt=0, le=1)  # max share of capacity replaced per round
+    # lookahead admits only the current misses (no extra rows), or `any` node of the window
+    # (pulls rows ahead of use: more hits, never fewer rows)
+    admit: Literal["misses", "any"] = "misses"
     window: int = Field(10, gt=0)  # minibatches per metrics window (agent, classifier)
     record_trace: bool = True  # remote-access trace for `rudder oracle` and `rudder sim`
 

@@ -125,7 +125,7 @@ def test_lookahead_prefers_soonest_and_keeps_used():
     buf = HaloBuffer(torch.arange(10), 2, 0, store_features=False)
     buf.fill(torch.tensor([0, 1]))
     future = [torch.tensor([0, 5]), torch.tensor([6]), torch.tensor([5, 7])]
-    step = begin_step(buf, torch.tensor([9]), Replace("lookahead", None), future)
+    step = begin_step(buf, torch.tensor([9]), Replace("lookahead", None, admit="any"), future)
     finish_step(buf, step)
     # 0 is used next minibatch: kept. 1 is never used: evicted for 5 (used soonest)
     assert sorted(buf.contents().tolist()) == [0, 5]
@@ -136,11 +136,25 @@ def test_lookahead_admits_free_misses_first_and_respects_budget():
     buf = HaloBuffer(torch.arange(10), 3, 0, store_features=False)
     buf.fill(torch.tensor([0, 1, 2]))
     future = [torch.tensor([3, 4]), torch.tensor([3, 4])]
-    step = begin_step(buf, torch.tensor([4]), Replace("lookahead", 1), future)
+    step = begin_step(buf, torch.tensor([4]), Replace("lookahead", 1, admit="any"), future)
     finish_step(buf, step)
     assert step.newcomers.tolist() == [4]  # tie on next use: the free one (this minibatch's miss)
     assert step.extra_ids.numel() == 0
     assert buf.size == 3 and 4 in buf.contents().tolist()
+
+
+def test_lookahead_demand_admission_pulls_no_extra_row():
+    buf = HaloBuffer(torch.arange(10), 2, 0, store_features=False)
+    buf.fill(torch.tensor([0, 1]))
+    future = [torch.tensor([0, 5]), torch.tensor([6, 7]), torch.tensor([7])]
+    # misses now: 6 (used at +2), 7 (+2, +3), 8 (never again); 5 is used at +1 but not missed now
+    step = begin_step(buf, torch.tensor([6, 7, 8]), Replace("lookahead", None), future)
+    finish_step(buf, step)
+    assert step.extra_ids.numel() == 0 and step.pull_ids.tolist() == [6, 7, 8]
+    # 0 is used next: kept; 1 is never used: gives way to 7 (same next use as 6, used more often)
+    assert sorted(buf.contents().tolist()) == [0, 7]
+    with pytest.raises(ValueError, match="admit mode"):
+        buf.plan_lookahead(future, None, None, admit="bogus")
 
 
 def test_lookahead_never_swaps_for_a_later_use():
@@ -157,7 +171,7 @@ def test_features_follow_their_nodes():
     buf = HaloBuffer(halo, 5, 4)
     init = torch.tensor([100, 101, 102])
     buf.fill(init, table[init])
-    step = begin_step(buf, torch.tensor([100, 110, 111]), Replace("lookahead", None),
+    step = begin_step(buf, torch.tensor([100, 110, 111]), Replace("lookahead", None, admit="any"),
                       [torch.tensor([110, 111, 112])])
     pulled = table[step.pull_ids]
     finish_step(buf, step, pulled)

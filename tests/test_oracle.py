@@ -106,8 +106,8 @@ def test_belady_equals_brute_force_optimum(case, start):
 
 
 # ---- bounds against every policy ----------------------------------------------------------
-DEMAND = ["static", "lru", "lfu", "s3fifo", "sieve"]  # fetch only misses
-PREFETCHING = ["fixed:3", "lookahead:2:0.3"]  # pull extra rows for the buffer
+DEMAND = ["static", "lru", "lfu", "s3fifo", "sieve", "lookahead:2:0.3:misses"]  # fetch only misses
+PREFETCHING = ["fixed:3", "lookahead:2:0.3:any"]  # pull extra rows for the buffer
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,6 +122,21 @@ def test_belady_bounds_every_policy(seed, frac, skew):
         assert r.total("fetched_rows") >= opt.total("fetched_rows"), p
         if p in DEMAND:  # and no demand policy gets more hits
             assert r.total("hits") <= opt.total("hits"), p
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.sampled_from([0.1, 0.3, 0.6]), st.sampled_from([0.0, 1.0]))
+def test_lookahead_over_the_whole_trace_is_belady(seed, frac, skew):
+    """Demand admission with the rest of the trace as its window and no budget IS Belady's rule
+    (batched, with bypass): same hits, same rows. A shorter window can only approach it."""
+    t = random_trace(halo=50, minibatches=20, batch=20, nonhalo=0.2, capacity=frac, skew=skew,
+                     epochs=1, seed=seed)
+    opt = simulate(t, "belady")
+    full = simulate(t, f"lookahead:{t.num_minibatches}:1.0:misses", verify=True)
+    assert full.total("hits") == opt.total("hits")
+    assert full.total("fetched_rows") == opt.total("fetched_rows")
+    short = simulate(t, "lookahead:1:1.0:misses", verify=True)
+    assert short.total("hits") <= opt.total("hits")
 
 
 # ---- rudder oracle --------------------------------------------------------------------------

@@ -73,7 +73,10 @@ def test_policy_specs():
     s = parse_policy("fixed:25:0.01")
     assert (s.prefetch.policy, s.prefetch.period, s.prefetch.alpha) == ("fixed", 25, 0.01)
     s = parse_policy("lookahead:3:0.2")
-    assert (s.prefetch.lookahead, s.prefetch.budget) == (3, 0.2)
+    assert (s.prefetch.lookahead, s.prefetch.budget, s.prefetch.admit) == (3, 0.2, "misses")
+    assert parse_policy("lookahead:3:0.2:any").prefetch.admit == "any"
+    with pytest.raises(ValueError, match="admit"):
+        parse_policy("lookahead:3:0.2:sometimes")
     assert parse_policy("classifier:rf").prefetch.policy == "classifier:rf"
     assert parse_policy("sieve").prefetch is None
     with pytest.raises(ValueError, match="valid: none, static"):

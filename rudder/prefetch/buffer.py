@@ -140,14 +140,25 @@ class HaloBuffer:
         return victims[:n], self.halo[cand[top]]
 
     def plan_lookahead(
-        self, future: list[torch.Tensor], max_rows: int | None = None, free_ids: torch.Tensor | None = None
+        self,
+        future: list[torch.Tensor],
+        max_rows: int | None = None,
+        free_pos: torch.Tensor | None = None,
+        admit: str = "misses",
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Belady's rule on the known window: admit the non-buffered halo nodes used soonest
         (then most often) in `future`; evict the slots used latest or never in the window
         (never-used ones by lowest eviction score: history is the fallback beyond the window).
         A swap happens only if the newcomer's next use is sooner than the victim's, so the
-        pairs form a prefix of the two sorted lists. `free_ids` (this minibatch's misses,
-        pulled anyway) win ties: admitting them costs no extra row."""
+        pairs form a prefix of the two sorted lists.
+
+        `free_pos`: halo positions of this minibatch's misses, pulled anyway. admit="misses" admits only them:
+        a row pulled ahead of its use saves nothing over pulling it at that use and admitting
+        it then, so demand admission is never worse in rows (Belady's own setting) and the
+        round pulls no extra row. admit="any" also pulls rows ahead (more hits, same or more
+        rows); free nodes still win ties there."""
+        if admit not in ("misses", "any"):
+            raise ValueError(f"unknown admit mode {admit!r}; valid: misses, any")
         H = self.halo.numel()
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
@@ -159,10 +170,10 @@ class HaloBuffer:
             next_use.scatter_reduce_(0, pos, torch.full_like(pos, d), reduce="amin")
             freq.index_add_(0, pos, torch.ones_like(pos))
         free = torch.zeros(H, dtype=torch.bool)
-        if free_ids is not None and free_ids.numel():
-            is_halo, pos = self.halo_positions(free_ids)
-            free[pos[is_halo]] = True
-        cand = torch.nonzero((self.slot_of < 0) & (next_use < INF)).flatten()
+        if free_pos is not None and free_pos.numel():
+            free[free_pos] = True
+        want = (self.slot_of < 0) & (next_use < INF)
+        cand = torch.nonzero(want & free if admit == "misses" else want).flatten()
         n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
             return _EMPTY, _EMPTY

@@ -4,6 +4,7 @@ none       no buffer: plain DistDGL, every remote row pulled every time
 static     buffer filled once (init), never replaced
 fixed      MassiveGNN: a replacement round every `period` minibatches (stale slots <- most missed)
 lookahead  Belady's rule on the minibatches sampled ahead, every minibatch, under a row budget
+           (admits this minibatch's misses only, or with admit=any also rows ahead of use)
 agent      an LLM decides when and how much (rudder.agent)          [registered lazily]
 classifier:<name>  an offline-trained classifier decides when (rudder.agent.classifiers)
 collect[:k]  random replace/skip every k-th window; writes trajectories for the classifiers
@@ -49,13 +50,14 @@ class LookaheadPolicy(Policy):
 
     def __init__(self, cfg: PrefetchConfig):
         self.budget = cfg.budget
+        self.admit = cfg.admit
 
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
         self.max_rows = max(1, int(round(self.budget * ctx.capacity)))
 
     def plan(self, step: StepInfo) -> Replace | None:
-        return Replace("lookahead", self.max_rows, self.name)
+        return Replace("lookahead", self.max_rows, self.name, self.admit)
 
 
 def _lazy(module: str, attr: str) -> Callable[[PrefetchConfig, dict], Policy]:

@@ -26,11 +26,14 @@ class Replace:
     massivegnn: stale slots (score < (1-alpha)^period) get the most-missed halo nodes.
     lookahead:  Belady's rule on the minibatches sampled ahead, under `max_rows`.
     max_rows:   cap on slots changed this round (None = as many as the rule allows).
+    admit:      lookahead only: "misses" admits only this minibatch's misses (no extra rows),
+                "any" also pulls rows ahead of their use (HaloBuffer.plan_lookahead).
     """
 
     mechanism: Mechanism = "massivegnn"
     max_rows: int | None = None
     source: str = ""  # who asked: "fixed", "agent#12", "fallback:static", ...
+    admit: Literal["misses", "any"] = "misses"
 
 
 @dataclass

@@ -52,13 +52,14 @@ def begin_step(
     hit_mask = slots >= 0
     hit_slots = slots[hit_mask]
     miss_ids = remote_ids[~hit_mask]
-    buffer.record(hit_slots, pos[is_halo & ~hit_mask], count_misses=plan is None)
+    missed_pos = pos[is_halo & ~hit_mask]
+    buffer.record(hit_slots, missed_pos, count_misses=plan is None)
     victims = newcomers = extra = torch.empty(0, dtype=torch.int64)
     if plan is not None:
         if plan.mechanism == "massivegnn":
             victims, newcomers = buffer.plan_massivegnn(plan.max_rows)
         elif plan.mechanism == "lookahead":
-            victims, newcomers = buffer.plan_lookahead(list(future), plan.max_rows, free_ids=miss_ids)
+            victims, newcomers = buffer.plan_lookahead(list(future), plan.max_rows, missed_pos, plan.admit)
         else:
             raise ValueError(f"unknown replacement mechanism {plan.mechanism!r}")
         extra = newcomers[~torch.isin(newcomers, miss_ids)]

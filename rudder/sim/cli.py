@@ -26,7 +26,7 @@ def register(sub) -> None:
     )
     p.add_argument("source", type=Path, help="a run directory (its trace-r<R>.npz) or one trace file")
     p.add_argument("-p", "--policy", action="append", default=None, metavar="NAME",
-                   help="none | static | fixed[:PERIOD[:ALPHA]] | lookahead[:DEPTH[:BUDGET]] | agent | "
+                   help="none | static | fixed[:PERIOD[:ALPHA]] | lookahead[:DEPTH[:BUDGET[:ADMIT]]] | agent | "
                         "classifier:NAME | lru | lfu | s3fifo | sieve | belady; comma lists make a grid "
                         "(fixed:10,25); repeatable (default: " + ", ".join(DEFAULT_POLICIES) + ")")
     cap = p.add_mutually_exclusive_group()

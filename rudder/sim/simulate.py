@@ -11,7 +11,7 @@ sieve) run through `rudder.sim.caches`, the hindsight optimum (belady) through
 
 Policy names take their knobs after colons; a comma list is a grid:
   fixed[:PERIOD[:ALPHA]]          fixed:10,25,50
-  lookahead[:DEPTH[:BUDGET]]      lookahead:1,3:0.01,0.05
+  lookahead[:DEPTH[:BUDGET[:ADMIT]]]  lookahead:1,3:0.01,0.05:misses,any
   classifier:NAME                 agent   none   static   lru   lfu   s3fifo   sieve   belady
 
 Results are per-minibatch records with the MINIBATCH_FIELDS of training (timings 0, loss null,
@@ -111,12 +111,14 @@ def parse_policy(spec: str, prefetch=None) -> PolicySpec:
             if len(args) > 1:
                 upd["alpha"] = float(args[1])
         elif base == "lookahead":
-            if len(args) > 2:
+            if len(args) > 3:
                 raise ValueError
             if args:
                 upd["lookahead"] = int(args[0])
             if len(args) > 1:
                 upd["budget"] = float(args[1])
+            if len(args) > 2:
+                upd["admit"] = args[2]
         elif base == "classifier":
             if len(args) != 1 or not args[0]:
                 raise ValueError
@@ -125,7 +127,7 @@ def parse_policy(spec: str, prefetch=None) -> PolicySpec:
             raise ValueError
     except ValueError:
         raise ValueError(
-            f"bad policy {spec!r}: use fixed[:PERIOD[:ALPHA]], lookahead[:DEPTH[:BUDGET]], "
+            f"bad policy {spec!r}: use fixed[:PERIOD[:ALPHA]], lookahead[:DEPTH[:BUDGET[:ADMIT]]], "
             "classifier:NAME, or a plain name"
         ) from None
     pc = PrefetchConfig.model_validate({**pc.model_dump(), **upd})  # validates the knobs
