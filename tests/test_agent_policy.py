@@ -12,7 +12,7 @@ from rudder.agent.policy import AgentPolicy, measure, reflect
 from rudder.agent.messages import Decision
 from rudder.config import AgentConfig, ModelConfig, PrefetchConfig
 from rudder.prefetch.policies import make_policy
-from rudder.prefetch.policy import RunContext, StepInfo
+from rudder.prefetch.policy import Replace, RunContext, StepInfo
 from rudder.records import DECISION_FIELDS
 
 
@@ -106,6 +106,8 @@ def test_plan_never_blocks_with_a_slow_model():
     g0, r0 = replaces[0]
     assert r0.mechanism == "lookahead" and r0.max_rows == budget_rows("medium", 1000) == 50
     assert r0.source.startswith("agent#")
+    # every answer says replace: from the first arrival on, a round runs on every minibatch
+    assert [g for g, _ in replaces] == list(range(g0, 80))
     recs = pol.decisions()
     assert recs and all(set(r) == set(DECISION_FIELDS) for r in recs)
     applied = [r for r in recs if r["applied_step"] is not None]
@@ -116,14 +118,64 @@ def test_plan_never_blocks_with_a_slow_model():
 
 
 def test_massivegnn_mechanism_without_lookahead():
+    """Without lookahead a replace decision is one MassiveGNN round (it swaps every stale slot at
+    once), at the step the decision arrives; the following minibatches run none."""
     pol = make(ScriptedBackend([answer(True, "large")]))
     pol.setup(ctx(lookahead=0))
     assert pol.wait_for_decision(0.05) is False
     pol.observe({"global_step": 4}, win(0, 0.3, 700))
     assert pol.wait_for_decision(5.0)
     r = pol.plan(step(5))
+    later = [pol.plan(step(g)) for g in range(6, 10)]
     pol.close()
     assert r.mechanism == "massivegnn" and r.max_rows == 150 and r.source == "agent#1"
+    assert later == [None] * 4
+
+
+def drive(pol, windows, steps_per_window=5):
+    """Closes each window, waits for its decision, then plans the next window's minibatches
+    (as a zero-latency agent); returns {global step: Replace or None}."""
+    plans = {}
+    for i, w in enumerate(windows):
+        pol.observe({"global_step": w["last_step"]}, w)
+        assert pol.wait_for_decision(5.0)
+        for g in range((i + 1) * steps_per_window, (i + 2) * steps_per_window):
+            plans[g] = pol.plan(step(g))
+    return plans
+
+
+def test_lookahead_replace_decision_holds_a_round_every_minibatch_until_the_next():
+    """With lookahead, replace=true sets a regime: the same lookahead round (budget rows) on every
+    minibatch until the next decision arrives; replace=false stops the rounds; a new replace
+    decision starts its own regime with its own budget."""
+    backend = ScriptedBackend([answer(True, "medium"), answer(True, "medium"), answer(False, "small", "flat", "flat"),
+                               answer(True, "large")])
+    pol = make(backend)
+    pol.setup(ctx(lookahead=3, capacity=1000))
+    plans = drive(pol, [win(i, 0.3, 700) for i in range(4)])
+    pol.close()
+    for g in range(5, 10):  # decision #1 (window 0): medium = 50 rows, every minibatch
+        assert plans[g] == Replace("lookahead", 50, "agent#1"), g
+    for g in range(10, 15):  # #2 arrives at step 10 and takes over
+        assert plans[g] == Replace("lookahead", 50, "agent#2"), g
+    assert [plans[g] for g in range(15, 20)] == [None] * 5  # #3 keep: no rounds at all
+    for g in range(20, 25):  # #4 large = 150 rows
+        assert plans[g] == Replace("lookahead", 150, "agent#4"), g
+    recs = {r["decision"]: r for r in pol.decisions()}
+    assert [recs[n]["applied_step"] for n in (1, 2, 3, 4)] == [5, 10, 15, 20]  # applied once each
+
+
+def test_fallback_ends_a_replace_regime():
+    """A bad answer hands over to the fallback (static: never replaces), so the agent's standing
+    replace regime stops at once; the next valid replace answer starts a new one."""
+    backend = ScriptedBackend([answer(True, "small"), "not json", answer(True, "small")])
+    pol = make(backend, fallback="static")
+    pol.setup(ctx(lookahead=3, capacity=1000))
+    plans = drive(pol, [win(i, 0.3, 700) for i in range(3)])
+    pol.close()
+    assert all(plans[g] == Replace("lookahead", 10, "agent#1") for g in range(5, 10))
+    assert [plans[g] for g in range(10, 15)] == [None] * 5  # static fallback
+    assert all(plans[g] == Replace("lookahead", 10, "agent#3") for g in range(15, 20))
 
 
 def test_reflection_scores_predictions_and_feeds_history():
@@ -236,3 +288,40 @@ def test_service_url_resolution(monkeypatch):
     assert service_url(AgentConfig()) is None  # inproc stays inproc without the cluster's URL
     monkeypatch.setenv("RUDDER_AGENT_URL", "http://10.88.0.2:9000")
     assert service_url(AgentConfig()) == "http://10.88.0.2:9000"
+
+
+def test_agent_and_windowed_policies_share_the_replace_semantics():
+    """The classifier baselines (WindowedDecisionPolicy: classifier:<name>, collect) apply a
+    replace the way the agent does, so their comparison is fair: the same replace/keep sequence
+    gives rounds on the same minibatches, with and without lookahead."""
+    from rudder.agent.trajectories import WindowedDecisionPolicy
+
+    said = [True, False, True, True, False]
+
+    class Scripted(WindowedDecisionPolicy):
+        name = "scripted"
+
+        def decide(self, features, stats):
+            return said[len(self._ready) + len(self._open)], {}
+
+    for lookahead in (0, 3):
+        agent = make(ScriptedBackend([answer(s, "medium") for s in said]))
+        agent.setup(ctx(lookahead=lookahead))
+        windows = [win(i, 0.3, 700) for i in range(len(said))]
+        agent_plans = drive(agent, windows)
+        agent.close()
+        other = Scripted(PrefetchConfig(window=5, budget=0.05))
+        other.setup(ctx(lookahead=lookahead))
+        other_plans = {}
+        for i, w in enumerate(windows):
+            other.observe({}, w)
+            for g in range((i + 1) * 5, (i + 2) * 5):
+                other_plans[g] = other.plan(step(g))
+        other.close()
+        a = {g: (r.mechanism, r.max_rows) for g, r in agent_plans.items() if r is not None}
+        b = {g: (r.mechanism, r.max_rows) for g, r in other_plans.items() if r is not None}
+        assert a == b and a, lookahead
+        if lookahead:
+            assert len(a) == 5 * sum(said)  # every minibatch of each replace window
+        else:
+            assert len(a) == sum(said)  # one round per replace decision

@@ -351,10 +351,16 @@ def test_policy_replaces_exactly_when_model_says(trained, lookahead):
     decs = pol.decisions()
     assert len(decs) == len(said) == 60
     assert any(said) and not all(said)
-    # the Replace comes at the first plan() after the window that decided it, and only then
-    # (the last window's decision has no minibatch left to act on)
-    assert [gs for gs, _ in taken] == [
-        d["decided_step"] + 1 for d, s in zip(decs[:-1], said[:-1]) if s]
+    # the Replace comes at the first plan() after the window that decided it (the last window's
+    # decision has no minibatch left to act on). Without lookahead that is the only round (one
+    # MassiveGNN round); with lookahead a positive prediction holds, as the agent's replace=true
+    # does, a round on every minibatch until the next window's prediction is taken.
+    if lookahead:
+        expected = [g for d, s in zip(decs[:-1], said[:-1]) if s
+                    for g in range(d["decided_step"] + 1, d["decided_step"] + 11)]
+    else:
+        expected = [d["decided_step"] + 1 for d, s in zip(decs[:-1], said[:-1]) if s]
+    assert [gs for gs, _ in taken] == expected
     for gs, r in taken:
         assert r.mechanism == ("lookahead" if lookahead else "massivegnn")
         assert r.max_rows == round(0.05 * ctx.capacity) and r.source == "classifier:logreg"

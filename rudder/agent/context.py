@@ -122,9 +122,12 @@ Metrics of a window of minibatches:
 - fetched rows: rows pulled over the network per minibatch = misses + rows admitted by replacements
 - stale slots: buffer slots not hit for a long time
 - lookahead missing: remote nodes of the next minibatches (already sampled) that the buffer lacks
-Action: replace now, or keep the buffer. A replacement swaps stale slots for nodes the next minibatches need; budget small = 1%, medium = 5%, large = 15% of capacity.
+Action: replace or keep; it holds until your next decision (one per window).
+- lookahead on: replace runs a replacement round before EVERY minibatch until your next decision, each round swapping at most the budget of slots the next minibatches do not need for nodes they need; keep runs none.
+- lookahead off: replace runs one round now (stale slots get the most-missed nodes, at most the budget).
+Budget per round: small = 1%, medium = 5%, large = 15% of capacity.
 Rules of thumb:
-- A replacement costs its rows at once; it pays only if the new rows are hit later.
+- Every swapped row is fetched over the network at once; a replacement pays only if the new rows are hit later.
 - Replace when hit_rate is falling or low, many slots are stale and lookahead missing is large.
 - Keep when hit_rate is high or rising, or lookahead missing is small: replacing would only add traffic.
 - Minibatches are shuffled: past hits predict future hits poorly; lookahead is the best evidence.
@@ -230,8 +233,8 @@ class ContextBuilder:
     def static_text(self) -> str:
         """The run's facts: graph and partition sizes, r/P, batch, minibatches, halo, capacity."""
         c = self.ctx
-        la = (f"the next {c.lookahead} minibatches are sampled ahead (lookahead)"
-              if c.lookahead > 0 else "lookahead off")
+        la = (f"the next {c.lookahead} minibatches are sampled ahead (lookahead on: replace = a round every minibatch)"
+              if c.lookahead > 0 else "lookahead off (replace = one round)")
         return RUN_TEMPLATE.format(
             num_nodes=c.num_nodes, num_parts=c.num_parts, rank=c.rank, num_trainers=c.num_trainers,
             part_id=c.part_id, partition_nodes=c.partition_nodes, halo_nodes=c.halo_nodes,

@@ -10,8 +10,16 @@ the training loop.
 - plan() only polls the outbox: it never waits for the model. The newest arrived decision is
   applied at that step (older ones that arrived together are recorded as superseded, never
   applied); staleness = applied global step - last step of the window it judged.
+- A decision sets a regime that holds until the next decision arrives:
+  - lookahead mechanism (ctx.lookahead > 0): replace=true runs a replacement round on EVERY
+    minibatch, Replace("lookahead", budget rows, "agent#n"), as the `lookahead` policy does;
+    replace=false runs none. So the agent chooses when the lookahead policy is on and how many
+    rows each of its rounds may change.
+  - massivegnn mechanism (no lookahead): replace=true runs one round when the decision arrives
+    (a MassiveGNN round swaps every stale slot at once: repeating it each minibatch would only
+    churn); replace=false runs none.
 - A fallback decision (bad/late answer) hands steering to the fallback policy (static by
-  default) until the next valid answer.
+  default) until the next valid answer (it also ends a replace regime).
 - Self-reflection: when the next window after an applied decision closes, the predicted
   directions are compared with the measured ones (hit rate: flat = |delta| < 1 pt; fetched rows
   per minibatch: flat = |relative delta| < 2%); `correct` = both came true. The entry goes back
@@ -98,6 +106,7 @@ class AgentPolicy(Policy):
         self._n = 0
         self._last_step = -1
         self._fallback_active = False
+        self._regime: Replace | None = None  # repeated by every plan() until the next decision
         self.dropped_windows = 0
         self._load_error: str | None = None
 
@@ -154,7 +163,9 @@ class AgentPolicy(Policy):
             except queue.Empty:
                 break
         if not arrived:
-            return self._fallback_plan(step) if self._fallback_active else None
+            if self._fallback_active:
+                return self._fallback_plan(step)
+            return self._regime  # the standing decision: a lookahead round every minibatch, or none
         for old, _ in arrived[:-1]:
             old.reason = f"{old.reason} [superseded, never applied]"
             self._finish(old)
@@ -172,15 +183,19 @@ class AgentPolicy(Policy):
         log.info("agent#%d (window %s, staleness %s): %s%s", d.decision, d.window, d.staleness,
                  f"fallback {d.fallback}" if d.fallback else ("replace " + str(d.budget) if d.replace else "keep"),
                  f" in {d.latency_s:.2f} s" if d.latency_s is not None else "")
+        self._regime = None
         if d.fallback:
             self._fallback_active = True
             self._finish(d)  # no prediction to check
             return self._fallback_plan(step)
         self._fallback_active = False
         self._pending.append((d, judged, entry))
-        if d.replace:
-            return Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity), f"agent#{d.decision}")
-        return None
+        if not d.replace:
+            return None
+        r = Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity), f"agent#{d.decision}")
+        if self.mechanism == "lookahead":
+            self._regime = r  # held: the same round on every minibatch until the next decision
+        return r
 
     def decisions(self) -> list[dict]:
         with self._lock:

@@ -2,7 +2,11 @@
 
 A *decision point* is the close of a metrics window. The collector (`TrajectoryPolicy`, policy
 name `collect`) picks replace or skip there with a seeded RNG, lets the choice act on the next
-window, and writes one line per decision point to runs/<id>/trajectories-r<R>.jsonl:
+window, and writes one line per decision point to runs/<id>/trajectories-r<R>.jsonl.
+A replace acts as the agent's does (WindowedDecisionPolicy): with the lookahead mechanism it
+holds a lookahead round on every minibatch until the next decision point; without lookahead it
+is one MassiveGNN round at the next minibatch. So the action a label judges is the action a
+classifier's positive prediction later triggers, and the one an agent's replace=true triggers.
 
   {"window", "decided_step", "action", "features": {FEATURE_NAMES...}, "pre": {...},
    "post": {...}, "net_gain", "correct", "label", "rule", "dataset", "policy"}
@@ -254,6 +258,11 @@ class LabelRule:
 class WindowedDecisionPolicy(Policy):
     """Decides at each window close, applies at the next plan(), judges one window later.
 
+    A replace decision behaves as the agent's (rudder.agent.policy): with the lookahead
+    mechanism (ctx.lookahead > 0) it sets a regime, Replace("lookahead", budget rows) on every
+    plan() until the next decision is taken; without lookahead it is one MassiveGNN round at the
+    first plan() after the decision. A skip runs no round until the next decision.
+
     Subclasses implement `decide(features, stats) -> (replace, info)`; the skeleton keeps the
     pending Replace, the DECISION_FIELDS records and their outcomes. Record semantics (those of
     the agent where they overlap):
@@ -287,6 +296,7 @@ class WindowedDecisionPolicy(Policy):
         self._windows_seen = 0
         self._prev: WindowStats | None = None
         self._pending: dict | None = None  # decided, not yet taken by plan()
+        self._regime: Replace | None = None  # repeated by plan() until the next decision
         # decided, awaiting their outcome window: (record, pre-window, features)
         self._open: list[tuple[dict, WindowStats, dict[str, float]]] = []
         self._ready: list[dict] = []
@@ -305,11 +315,15 @@ class WindowedDecisionPolicy(Policy):
         with self._lock:
             rec, self._pending = self._pending, None
         if rec is None:
-            return None
+            return self._regime  # the standing decision: a lookahead round every minibatch, or none
         rec["applied_step"] = step.global_step
         rec["staleness"] = step.global_step - rec["decided_step"]
+        self._regime = None
         if rec["replace"] and self.max_rows > 0:
-            return Replace(self.mechanism, self.max_rows, rec["policy"])
+            r = Replace(self.mechanism, self.max_rows, rec["policy"])
+            if self.mechanism == "lookahead":
+                self._regime = r
+            return r
         return None
 
     def observe(self, metrics: dict, window: dict | None = None) -> None:
@@ -336,6 +350,7 @@ class WindowedDecisionPolicy(Policy):
             self._ready.extend(rec for rec, _, _ in self._open)
             self._open = []
             self._pending = None
+        self._regime = None
 
     # -- to implement --
     def decide(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
