@@ -156,7 +156,7 @@ class MinibatchPipeline:
                 "hit_rate": stats.hits / stats.remote_rows if stats.remote_rows else 0.0,
                 "t_compute": self.state.last_t_compute, "t_stall": self.state.last_t_stall,
             }
-            window = self.collector.add(record, buffer_state(self.feats.buffer, future))
+            window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future))
             self.policy.observe(record, window)
             self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
                                   window, mismatched_rows=bad))

@@ -2,6 +2,8 @@
 reference hid hit rate behind an off-by-default flag, so its agent saw 0 and always evicted)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from rudder.records import WINDOW_FIELDS
@@ -21,12 +23,14 @@ class MetricsCollector:
         self.index = 0
         self._open: list[dict] = []
 
-    def add(self, record: dict, buffer_state: dict | None = None) -> dict | None:
-        """Adds one minibatch record; returns the window record when this one closes it."""
+    def add(self, record: dict, buffer_state: Callable[[], dict] | None = None) -> dict | None:
+        """Adds one minibatch record; returns the window record when this one closes it.
+        `buffer_state` is called only then: it scans the sampled-ahead minibatches, which is
+        too dear to do on every minibatch."""
         self._open.append(record)
         if len(self._open) < self.window:
             return None
-        return self.close(buffer_state)
+        return self.close(buffer_state() if buffer_state is not None else None)
 
     def close(self, buffer_state: dict | None = None) -> dict | None:
         if not self._open:

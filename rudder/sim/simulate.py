@@ -370,8 +370,7 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
             "fetched_rows": m + x, "fetched_bytes": (m + x) * fb, "t_fetch": 0.0, "t_buffer": 0.0,
             "hit_rate": hit_rate(h, r), "t_compute": 0.0, "t_stall": 0.0,
         }
-        closes = (g + 1) % pc.window == 0  # the collector closes a window every `window` adds
-        window = collector.add(record, _buffer_state(buf, future) if closes else None)
+        window = collector.add(record, lambda: _buffer_state(buf, future))
         pol.observe(record, window)
         if window is not None:
             windows.append(window)
