@@ -47,9 +47,34 @@ WINDOW_FIELDS = [
 DECISION_FIELDS = [
     "decision", "window", "decided_step", "applied_step", "staleness", "policy", "model",
     "backend", "prompt_hash", "raw", "replace", "budget", "expected_hit_rate",
-    "expected_remote_rows", "reason", "latency_s", "fallback", "outcome_hit_rate",
-    "outcome_remote_rows", "correct",
+    "expected_remote_rows", "reason", "latency_s", "fallback",
+    # the measured outcome, window after vs the window the decision judged, as a direction
+    # (up|down|flat|null: `direction` below) and as a number (null when not measured):
+    "outcome_hit_rate", "outcome_remote_rows",  # directions
+    "outcome_hit_delta",  # hit-rate change in fraction units (0..1 scale: 0.01 = 1 point)
+    "outcome_rows_delta",  # relative change of fetched rows per minibatch (0.1 = +10%)
+    "correct",
 ]
+
+# A hit-rate change under 1 point, or a fetched-rows change under 2%, counts as "flat": the
+# window-to-window noise of shuffled minibatches is of that order.
+HIT_TOL = 0.01
+ROWS_TOL = 0.02
+
+
+def direction(delta: float | None, tol: float) -> str | None:
+    """"up" / "down" / "flat" (|delta| < tol) for a measured change; None when unmeasured."""
+    if delta is None:
+        return None
+    return "flat" if abs(delta) < tol else ("up" if delta > 0 else "down")
+
+
+def outcome_fields(hit_delta: float | None, rows_delta: float | None) -> dict[str, Any]:
+    """The four outcome fields of a decision record from the two measured deltas."""
+    return {"outcome_hit_rate": direction(hit_delta, HIT_TOL),
+            "outcome_remote_rows": direction(rows_delta, ROWS_TOL),
+            "outcome_hit_delta": None if hit_delta is None else float(hit_delta),
+            "outcome_rows_delta": None if rows_delta is None else float(rows_delta)}
 
 
 class JsonlWriter:

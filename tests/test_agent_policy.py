@@ -196,6 +196,10 @@ def test_reflection_scores_predictions_and_feeds_history():
     recs = {r["decision"]: r for r in pol.decisions()}
     # #1: +5 pt hit, -12.5% rows -> up/down as predicted
     assert recs[1]["outcome_hit_rate"] == "up" and recs[1]["outcome_remote_rows"] == "down" and recs[1]["correct"]
+    # ... and the same outcome as numbers: hit-rate delta in fraction units, relative rows delta
+    assert recs[1]["outcome_hit_delta"] == pytest.approx(0.05)
+    assert recs[1]["outcome_rows_delta"] == pytest.approx(-0.125)
+    assert recs[2]["outcome_hit_delta"] == pytest.approx(0.005)
     # #2: +0.5 pt (< 1 pt) and -1.4% rows (< 2%) -> flat/flat, predicted up/down: wrong
     assert recs[2]["outcome_hit_rate"] == "flat" and recs[2]["outcome_remote_rows"] == "flat"
     assert recs[2]["correct"] is False

@@ -372,7 +372,9 @@ def test_policy_replaces_exactly_when_model_says(trained, lookahead):
     for d in decs[:-1]:  # the last one never reached a plan()
         assert d["staleness"] == 1 and d["applied_step"] == d["decided_step"] + 1
         # the outcome is filled one window later
-        assert d["outcome_hit_rate"] is not None and isinstance(d["correct"], bool)
+        assert d["outcome_hit_rate"] in ("up", "down", "flat") and isinstance(d["correct"], bool)
+        assert d["outcome_remote_rows"] in ("up", "down", "flat")
+        assert isinstance(d["outcome_hit_delta"], float) and isinstance(d["outcome_rows_delta"], float)
 
 
 def test_features_match_between_collector_and_policy(tmp_path):

@@ -323,3 +323,148 @@ def test_batches_and_duplicate_run_ids(tmp_path, runs, monkeypatch):
         assert c["epochs"] == sum(file_rows(d, "epochs") for d in dirs.values())
         # directories are visited in sorted order; the last one wins, rows are not doubled
         assert where == str(dirs["none-2"].resolve())
+
+
+# ---- decision outcomes: directions and numbers, from the agent and from a classifier ---------
+def _agent_decisions() -> list[dict]:
+    """Decision records of the real AgentPolicy (a scripted model stands in for the LLM)."""
+    import time as _time
+
+    from rudder.agent.decision import Completion, DecisionMaker
+    from rudder.agent.policy import AgentPolicy
+    from rudder.config import AgentConfig, PrefetchConfig
+    from rudder.prefetch.policy import RunContext, StepInfo
+
+    class Scripted:
+        name = "fake"
+
+        def complete(self, messages, schema, max_tokens, timeout_s, cancel=None):
+            return Completion(json.dumps({"reason": "t", "replace": True, "budget": "small",
+                                          "expected": {"hit_rate": "up", "remote_rows": "down"}}), "stop")
+
+        def close(self):
+            pass
+
+    ctx = RunContext(rank=0, num_trainers=1, part_id=0, num_parts=2, num_nodes=10_000,
+                     partition_nodes=5_000, halo_nodes=4_000, capacity=1000, batch_size=100,
+                     fanouts=[10, 25], steps_per_epoch=100, epochs=1, feat_dim=8, feat_bytes=32,
+                     window=5, lookahead=3)
+    pol = AgentPolicy(PrefetchConfig(policy="agent", window=5), agent=AgentConfig(),
+                      decision_maker=DecisionMaker(Scripted(), "fake"))
+    pol.setup(ctx)
+    for i, (hit, fetched) in enumerate([(0.30, 800), (0.35, 700)]):
+        pol.observe({"global_step": i * 5 + 4},
+                    {"window": i, "first_step": i * 5, "last_step": i * 5 + 4, "minibatches": 5,
+                     "hit_rate": hit, "remote_rows": 5000, "fetched_rows": fetched * 5})
+        deadline = _time.monotonic() + 5
+        while not pol.wait_for_decision(0.1):
+            assert _time.monotonic() < deadline
+        pol.plan(StepInfo(epoch=0, step=i * 5 + 5, global_step=i * 5 + 5, remaining_steps=10))
+    pol.close()
+    return sorted(pol.decisions(), key=lambda d: d["decision"])
+
+
+def _classifier_decisions(tmp_path: Path) -> list[dict]:
+    """Decision records of the real ClassifierPolicy with a saved (tiny) logistic regression."""
+    import joblib
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from rudder.agent.classifiers import ClassifierPolicy
+    from rudder.agent.trajectories import FEATURE_NAMES
+    from rudder.config import PrefetchConfig
+    from rudder.prefetch.policy import RunContext, StepInfo
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, len(FEATURE_NAMES)))
+    y = (X[:, FEATURE_NAMES.index("pre_hit_rate")] < 0).astype(int)
+    pipe = Pipeline([("scale", StandardScaler()), ("clf", LogisticRegression())]).fit(X, y)
+    path = tmp_path / "logreg.joblib"
+    joblib.dump({"pipeline": pipe, "meta": {"kind": "logreg", "feature_names": FEATURE_NAMES}}, path)
+    pol = ClassifierPolicy(PrefetchConfig(window=5, budget=0.05), model_path=str(path))
+    pol.setup(RunContext(rank=0, num_trainers=1, part_id=0, num_parts=2, num_nodes=10_000,
+                         partition_nodes=5_000, halo_nodes=4_000, capacity=1000, batch_size=100,
+                         fanouts=[10, 25], steps_per_epoch=100, epochs=1, feat_dim=8,
+                         feat_bytes=32, window=5, lookahead=3))
+    g = 0
+    for hit, fetched in [(0.30, 800), (0.36, 720), (0.365, 715)]:
+        for _ in range(5):
+            pol.plan(StepInfo(epoch=0, step=g, global_step=g, remaining_steps=100 - g))
+            m = {"global_step": g, "remote_rows": 1000, "hits": int(1000 * hit),
+                 "fetched_rows": fetched, "replaced_rows": 0, "t_fetch": 0.0}
+            g += 1
+            pol.observe(m, {"window": g // 5 - 1} if g % 5 == 0 else None)
+    pol.close()
+    return sorted(pol.decisions(), key=lambda d: d["decision"])
+
+
+def _write_decision_run(root: Path, run_id: str, policy: str, decisions: list[dict]) -> Path:
+    d = root / run_id
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"run_id": run_id, "status": "complete",
+                                            "config": {"prefetch": {"policy": policy}}}))
+    (d / "decisions-r0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in decisions))
+    return d
+
+
+def test_decision_outcomes_typed_for_agent_and_classifier(tmp_path):
+    """Both policies write the outcome as directions (VARCHAR) and as numbers (DOUBLE): one type
+    per column, nothing pushed into `extra`."""
+    agent = _agent_decisions()
+    clf = _classifier_decisions(tmp_path)
+    assert agent[0]["outcome_hit_rate"] == "up" and agent[0]["outcome_remote_rows"] == "down"
+    assert agent[0]["outcome_hit_delta"] == pytest.approx(0.05)
+    assert agent[0]["outcome_rows_delta"] == pytest.approx(-0.125)
+    # classifier: +6 pt / -10% then +0.5 pt (flat) / -0.7% (flat); the last one never judged
+    assert [(c["outcome_hit_rate"], c["outcome_remote_rows"]) for c in clf] == \
+           [("up", "down"), ("flat", "flat"), (None, None)]
+    assert clf[0]["outcome_hit_delta"] == pytest.approx(0.06)
+    assert clf[0]["outcome_rows_delta"] == pytest.approx(-0.1)
+    assert clf[2]["outcome_hit_delta"] is None and clf[2]["outcome_rows_delta"] is None
+    for rec in agent + clf:
+        assert list(rec) == DECISION_FIELDS or set(rec) == set(DECISION_FIELDS)
+
+    root = tmp_path / "runs"
+    _write_decision_run(root, "agent-run", "agent", agent)
+    _write_decision_run(root, "clf-run", "classifier:logreg", clf)
+    db = tmp_path / "r.duckdb"
+    with ResultsStore(db) as st:
+        assert not st.ingest_runs([root]).errors
+        types = dict(st.query("SELECT column_name, data_type FROM information_schema.columns "
+                              "WHERE table_name = 'decisions'").itertuples(index=False, name=None))
+        got = st.query("SELECT run_id, decision, outcome_hit_rate, outcome_remote_rows, "
+                       "outcome_hit_delta, outcome_rows_delta, extra FROM decisions "
+                       "ORDER BY run_id, decision")
+        agg = st.query("SELECT outcome_hit_rate, avg(outcome_hit_delta) AS d FROM decisions "
+                       "WHERE outcome_hit_rate IS NOT NULL GROUP BY 1 ORDER BY 1")
+    assert types["outcome_hit_rate"] == types["outcome_remote_rows"] == "VARCHAR"
+    assert types["outcome_hit_delta"] == types["outcome_rows_delta"] == "DOUBLE"
+    rows = {(r.run_id, r.decision): r for r in got.itertuples(index=False)}
+    a = rows[("agent-run", 1)]
+    assert (a.outcome_hit_rate, a.outcome_remote_rows) == ("up", "down")
+    assert a.outcome_hit_delta == pytest.approx(0.05) and a.outcome_rows_delta == pytest.approx(-0.125)
+    c0, c1 = rows[("clf-run", 0)], rows[("clf-run", 1)]
+    assert (c0.outcome_hit_rate, c0.outcome_remote_rows) == ("up", "down")
+    assert c0.outcome_hit_delta == pytest.approx(0.06) and c0.outcome_rows_delta == pytest.approx(-0.1)
+    assert (c1.outcome_hit_rate, c1.outcome_remote_rows) == ("flat", "flat")
+    for r in rows.values():  # no outcome value was ill-typed for its column
+        assert not any(k.startswith("outcome") for k in json.loads(r.extra if isinstance(r.extra, str) else "{}")), r.extra
+    # one query across both policies: directions group, numbers average
+    assert dict(zip(agg.outcome_hit_rate, agg.d))["up"] == pytest.approx((0.05 + 0.06) / 2)
+
+
+def test_legacy_numeric_outcomes_become_deltas(tmp_path):
+    """A classifier record written before the delta fields (numbers in outcome_hit_rate/
+    outcome_remote_rows) is read as deltas with their directions, not pushed into `extra`."""
+    rec = {k: None for k in DECISION_FIELDS if k not in ("outcome_hit_delta", "outcome_rows_delta")}
+    rec.update(decision=0, window=0, policy="classifier:rf", replace=True,
+               outcome_hit_rate=-0.02, outcome_remote_rows=0.005, correct=False)
+    _write_decision_run(tmp_path / "runs", "old", "classifier:rf", [rec])
+    with ResultsStore(tmp_path / "r.duckdb") as st:
+        st.ingest_runs([tmp_path / "runs"])
+        r = st.query("SELECT * FROM decisions").iloc[0]
+    assert (r.outcome_hit_rate, r.outcome_remote_rows) == ("down", "flat")
+    assert r.outcome_hit_delta == pytest.approx(-0.02) and r.outcome_rows_delta == pytest.approx(0.005)
+    assert not isinstance(r.extra, str)  # NULL: nothing left over

@@ -36,11 +36,7 @@ from rudder.agent.messages import (
     budget_rows,
 )
 from rudder.prefetch.policy import RunContext
-
-# A hit-rate change under 1 point, or a fetched-rows change under 2%, counts as "flat": the
-# window-to-window noise of shuffled minibatches is of that order.
-HIT_TOL = 0.01
-ROWS_TOL = 0.02
+from rudder.records import HIT_TOL, ROWS_TOL, direction  # "flat" = |hit delta| < 1 pt, |rows delta| < 2%
 
 
 @dataclass(frozen=True)
@@ -76,12 +72,6 @@ class Prompt:
     schema: dict[str, Any]
     hash: str  # identifies the prompt design (variant, templates, schema, canned examples)
     variant: str
-
-
-def direction(delta: float | None, tol: float) -> str | None:
-    if delta is None:
-        return None
-    return "flat" if abs(delta) < tol else ("up" if delta > 0 else "down")
 
 
 def per_minibatch(window: dict, key: str) -> float | None:

@@ -94,7 +94,10 @@ class Decision(BaseModel):
     latency_s: float | None = None
     fallback: str | None = Field(None, description="policy that applied instead (bad/late answer)")
     outcome_hit_rate: Direction | None = Field(None, description="measured direction next window")
-    outcome_remote_rows: Direction | None = None
+    outcome_remote_rows: Direction | None = Field(None, description="measured direction of fetched rows")
+    outcome_hit_delta: float | None = Field(None, description="measured hit-rate change (0..1 units)")
+    outcome_rows_delta: float | None = Field(
+        None, description="measured relative change of fetched rows per minibatch")
     correct: bool | None = Field(None, description="both predicted directions came true")
     created_at: float = Field(default_factory=time.time)
 

@@ -22,8 +22,11 @@ the training loop.
   default) until the next valid answer (it also ends a replace regime).
 - Self-reflection: when the next window after an applied decision closes, the predicted
   directions are compared with the measured ones (hit rate: flat = |delta| < 1 pt; fetched rows
-  per minibatch: flat = |relative delta| < 2%); `correct` = both came true. The entry goes back
-  into the history the next prompts show. Pass@1 = mean(correct) over judged decisions.
+  per minibatch: flat = |relative delta| < 2%); `correct` = both came true. The record keeps both
+  the directions (outcome_hit_rate / outcome_remote_rows: up|down|flat) and the numbers
+  (outcome_hit_delta: hit-rate change in fraction units, 0.01 = 1 pt; outcome_rows_delta:
+  relative change of fetched rows per minibatch). The entry goes back into the history the next
+  prompts show. Pass@1 = mean(correct) over judged decisions.
 """
 from __future__ import annotations
 
@@ -35,11 +38,12 @@ import time
 from collections import deque
 from typing import Any
 
-from rudder.agent.context import HIT_TOL, ROWS_TOL, ContextBuilder, direction, per_minibatch
+from rudder.agent.context import ContextBuilder, per_minibatch
 from rudder.agent.decision import FALLBACKS, DecisionMaker, warm_prompt
 from rudder.agent.messages import Decision, HistoryEntry, budget_rows
 from rudder.config import AgentConfig, PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
+from rudder.records import outcome_fields
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +63,11 @@ def measure(judged: dict, after: dict) -> tuple[float | None, float | None]:
 
 
 def reflect(d: Decision, judged: dict, after: dict) -> tuple[float | None, float | None]:
-    """Sets d.outcome_* and d.correct from the window after the decision; returns the deltas."""
+    """Sets d.outcome_* (directions and deltas) and d.correct from the window after the
+    decision; returns the deltas."""
     hit, rows = measure(judged, after)
-    d.outcome_hit_rate = direction(hit, HIT_TOL)
-    d.outcome_remote_rows = direction(rows, ROWS_TOL)
+    for k, v in outcome_fields(hit, rows).items():
+        setattr(d, k, v)
     if d.fallback or d.outcome_hit_rate is None or d.outcome_remote_rows is None:
         d.correct = None
     else:

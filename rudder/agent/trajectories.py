@@ -44,7 +44,7 @@ from typing import Any, Iterable
 
 from rudder.config import PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
-from rudder.records import JsonlWriter, read_jsonl
+from rudder.records import JsonlWriter, outcome_fields, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -270,9 +270,11 @@ class WindowedDecisionPolicy(Policy):
                     decision is synchronous)
       applied_step  the minibatch whose plan() took it (skips too; None if none came)
       staleness     applied_step - decided_step (1 = the very next minibatch)
-      outcome_hit_rate     post-window hit rate - pre-window hit rate (0..1 units)
-      outcome_remote_rows  relative change of fetched rows per minibatch (misses + replaced
+      outcome_hit_delta    post-window hit rate - pre-window hit rate (0..1 units)
+      outcome_rows_delta   relative change of fetched rows per minibatch (misses + replaced
                            rows), post vs pre, as the agent's `rows_delta`
+      outcome_hit_rate, outcome_remote_rows  the same as directions (up|down|flat; flat under
+                           1 pt / 2%), as the agent writes them (rudder.records.outcome_fields)
       correct       LabelRule.correct(replace, pre, post): was the action right (the agent's
                     `correct` is instead whether its predicted directions came true)
       budget        share of capacity a replace may change (cfg.budget); 0 for a skip
@@ -384,6 +386,8 @@ class WindowedDecisionPolicy(Policy):
             "fallback": None,
             "outcome_hit_rate": None,
             "outcome_remote_rows": None,
+            "outcome_hit_delta": None,
+            "outcome_rows_delta": None,
             "correct": None,
         }
         self._count += 1
@@ -396,10 +400,10 @@ class WindowedDecisionPolicy(Policy):
         self._pending = None
         for rec, pre, feats in self._open:
             pre_d, post_d = asdict(pre), asdict(post)
-            rec["outcome_hit_rate"] = post.hit_rate - pre.hit_rate
-            rec["outcome_remote_rows"] = (
+            rec.update(outcome_fields(
+                post.hit_rate - pre.hit_rate,
                 (post.fetched_rows - pre.fetched_rows) / pre.fetched_rows
-                if pre.fetched_rows > 0 else None)
+                if pre.fetched_rows > 0 else None))
             rec["correct"] = self.rule.correct(rec["replace"], pre_d, post_d)
             self.on_outcome(rec, feats, pre, post)
             self._ready.append(rec)

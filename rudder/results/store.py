@@ -41,15 +41,20 @@ import pyarrow as pa
 from rudder.records import (
     DECISION_FIELDS,
     EPOCH_FIELDS,
+    HIT_TOL,
     MINIBATCH_FIELDS,
+    ROWS_TOL,
     WINDOW_FIELDS,
+    direction,
     read_jsonl,
 )
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1  # bump when a table changes shape; an older file must be re-collected
-INGEST_VERSION = 1  # bump when ingest logic changes; part of the fingerprint (forces re-ingest)
+# v2: decisions.outcome_hit_rate/outcome_remote_rows are directions (VARCHAR), the numbers are
+#     outcome_hit_delta/outcome_rows_delta (DOUBLE)
+SCHEMA_VERSION = 2  # bump when a table changes shape; an older file must be re-collected
+INGEST_VERSION = 2  # bump when ingest logic changes; part of the fingerprint (forces re-ingest)
 
 # --- column types ------------------------------------------------------------------------------
 # Kinds: int -> BIGINT, float -> DOUBLE, bool -> BOOLEAN, str -> VARCHAR, ts -> TIMESTAMP (UTC),
@@ -88,7 +93,11 @@ FIELD_KINDS: dict[str, dict[str, str]] = {
         "expected_hit_rate": "str", "expected_remote_rows": "str",
         "reason": "str", "latency_s": "float",
         "fallback": "flag",  # True/False, or which fallback applied ("timeout": True, kept)
-        "outcome_hit_rate": "float", "outcome_remote_rows": "float", "correct": "bool",
+        # the measured outcome: directions (up/down/flat) and numbers (rudder.records)
+        "outcome_hit_rate": "str", "outcome_remote_rows": "str",
+        "outcome_hit_delta": "float",  # hit-rate change, 0..1 units (0.01 = 1 point)
+        "outcome_rows_delta": "float",  # relative change of fetched rows per minibatch
+        "correct": "bool",
     },
 }
 # The contract lists are the source of truth for names: fail at import if they drift apart.
@@ -225,6 +234,24 @@ def _coerce(value: Any, kind: str) -> Any:
             pass
         return _MISSING
     raise ValueError(f"unknown column kind {kind!r}")
+
+
+def _decision_outcomes(rec: dict) -> dict:
+    """A decision record written before outcome_hit_delta/outcome_rows_delta existed carries
+    numbers in outcome_hit_rate/outcome_remote_rows (classifier policies did): they become the
+    deltas, and the direction columns get their directions (rudder.records.outcome_fields)."""
+    hit, rows = rec.get("outcome_hit_rate"), rec.get("outcome_remote_rows")
+    numeric = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in (hit, rows)]
+    if not any(numeric) or "outcome_hit_delta" in rec or "outcome_rows_delta" in rec:
+        return rec
+    out = dict(rec)
+    if numeric[0]:
+        out["outcome_hit_rate"] = direction(float(hit), HIT_TOL)
+        out["outcome_hit_delta"] = float(hit)
+    if numeric[1]:
+        out["outcome_remote_rows"] = direction(float(rows), ROWS_TOL)
+        out["outcome_rows_delta"] = float(rows)
+    return out
 
 
 def _records_table(run_id: str, rows: list[tuple[int, dict]], kinds: dict[str, str]) -> pa.Table:
@@ -653,6 +680,8 @@ class ResultsStore:
             rows: list[tuple[int, dict]] = []
             for rank in sorted(per_rank):
                 recs = [r for r in _read_records(per_rank[rank]) if isinstance(r, dict)]
+                if table == "decisions":
+                    recs = [_decision_outcomes(r) for r in recs]
                 rows.extend((rank, r) for r in _dedupe(recs, ROW_KEY[table]))
             if rows:
                 tables[table] = _records_table(run_id, rows, FIELD_KINDS[table])

@@ -19,6 +19,7 @@ from rudder.records import (
     MINIBATCH_FIELDS,
     WINDOW_FIELDS,
     JsonlWriter,
+    outcome_fields,
     write_json_atomic,
 )
 
@@ -147,6 +148,13 @@ def _window(n: int, recs: list[dict]) -> dict:
     return out
 
 
+def _outcome_deltas(n: int, window: int) -> tuple[float, float]:
+    """(hit-rate delta, relative rows delta) of a synthetic decision: an RNG of its own, so
+    the run's other synthetic numbers stay what they were before these fields existed."""
+    r = random.Random(n * 7919 + window)
+    return round(r.uniform(-0.03, 0.05), 4), round(r.uniform(-0.2, 0.1), 4)
+
+
 def _decision(n: int, window: int, wrec: dict, policy: str, model: str,
               rng: random.Random) -> dict:
     replace = rng.random() < 0.5
@@ -162,7 +170,7 @@ def _decision(n: int, window: int, wrec: dict, policy: str, model: str,
         "replace": replace, "budget": 0.05 if replace else 0.0,
         "expected_hit_rate": "up" if replace else "flat", "expected_remote_rows": "down",
         "reason": "synthetic", "latency_s": 0.2 + rng.random(), "fallback": fallback,
-        "outcome_hit_rate": wrec["hit_rate"], "outcome_remote_rows": wrec["remote_rows"],
+        **outcome_fields(*_outcome_deltas(n, window)),
         "correct": None if fallback else rng.random() < 0.75,
     }
     assert list(out) == DECISION_FIELDS
