@@ -47,6 +47,15 @@ def _label(args) -> int:
     from rudder.agent.eval import label_windows_from_run, write_jsonl
 
     recs = label_windows_from_run(args.run_dir, horizon=args.horizon)
+    if args.check:  # the counterfactual of a replayed run: both branches from the same state
+        from rudder.agent.hindsight import check_labels
+
+        recs = check_labels(recs, args.run_dir, horizon=args.horizon)
+        judged = [r for r in recs if r["agrees"] is not None]
+        print(f"hindsight check: {sum(r['agrees'] for r in judged)} of {len(judged)} labels agree "
+              f"with the counterfactual ({len(recs) - len(judged)} too close to call)")
+        if args.agreed_only:
+            recs = [r for r in recs if r["agrees"]]
     if args.output:
         write_jsonl(recs, args.output)
         print(f"{len(recs)} labelled windows -> {args.output}")
@@ -126,6 +135,11 @@ def register(subparsers) -> None:
     q.add_argument("run_dir")
     q.add_argument("-o", "--output", default=None)
     q.add_argument("--horizon", type=int, default=2)
+    q.add_argument("--check", action="store_true",
+                   help="replayed runs: check each label against the counterfactual (both "
+                        "branches replayed from the same buffer state; rudder.agent.hindsight)")
+    q.add_argument("--agreed-only", action="store_true",
+                   help="with --check: keep only the windows whose label the counterfactual confirms")
     q.set_defaults(func=_label)
 
     q = sub.add_parser("serve", help="serve a model for this node's trainers (foreground)")

@@ -194,7 +194,15 @@ def _run_context(run_dir: Path, rank: int) -> dict:
         return {}
     data = json.loads(p.read_text())
     ctxs = data.get("contexts") or {}
-    return ctxs.get(str(rank)) or ctxs.get(rank) or data.get("context") or {}
+    ctx = ctxs.get(str(rank)) or ctxs.get(rank) or data.get("context") or {}
+    if not ctx and (data.get("sim") or {}).get("source"):  # a replay: rebuilt from its trace
+        from rudder.agent.hindsight import sim_context
+
+        try:
+            ctx = sim_context(run_dir, rank)
+        except (OSError, ValueError) as exc:
+            log.warning("%s: no context for rank %d (%s)", run_dir, rank, exc)
+    return ctx
 
 
 def _net_gain(judged: dict, after: list[dict]) -> float:
@@ -263,7 +271,8 @@ def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON) -> list[
                        for p in decisions if p["decision"] < d.get("decision", 0) and p.get("applied_step") is not None]
             out.append({"context": ctx, "window": judged, "recent": windows[max(0, i - 3):i],
                         "history": history[-4:], "label_replace": label, "net_rows": net,
-                        "kind": "run", "source": f"{run_dir.name}:r{rank}:w{judged['window']}"})
+                        "kind": "run", "rank": rank,
+                        "source": f"{run_dir.name}:r{rank}:w{judged['window']}"})
     return out
 
 

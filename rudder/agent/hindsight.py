@@ -1,0 +1,245 @@
+"""Hindsight for the decision-quality suite: labelled windows from replayed traces, checked
+against the counterfactual.
+
+`rudder agent label RUN_DIR` labels a window from what the run did after it (eval.py:
+`label_windows_from_run`). That reads one branch only: a replacement's gain is measured
+against the judged window's own hit rate, so drift and noise count as gain or loss. A trace
+replay is deterministic, so for a simulated run (`rudder sim`, or `collect_run` below) both
+branches can be played from the very buffer state the run had when the window closed:
+
+  keep     no replacement round for `horizon` windows
+  replace  the action a replace decision takes (rudder.agent.policy): with the lookahead
+           mechanism a lookahead round on every minibatch of the next window (the regime lasts
+           until the next decision), without lookahead one MassiveGNN round at its first
+           minibatch; then no round for the remaining horizon-1 windows
+
+  gain = rows fetched by keep - rows fetched by replace   (= hits gained - extra rows pulled)
+
+which is the issue's definition (did replacing at that window raise the following windows'
+hits net of the rows it cost?) without the noise. `counterfactual_gains` replays a run
+directory's recorded actions (it checks that it reproduces the recorded hits exactly) and
+forks at every window close. `hindsight_label` turns a gain into replace (gain > REPLACE_MARGIN
+of the horizon's remote rows), keep (gain <= KEEP_MARGIN) or None (too close to call).
+
+`collect_run` writes such a run: the agent policy with `RandomDecisionMaker` (replace or keep
+at random, a seeded coin) replayed on a trace, so the windows and decisions are real records
+of the agent's mechanism, with both actions.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rudder.agent.messages import Decision, budget_rows
+from rudder.records import read_jsonl
+
+HORIZON = 2  # windows counted after the decision (the replace regime acts in the first)
+REPLACE_MARGIN = 0.005  # a replacement must save more than 0.5% of the horizon's remote rows
+KEEP_MARGIN = 0.0  # keep is right when replacing saves nothing
+
+
+class RandomDecisionMaker:
+    """Stands in for the LLM when collecting windows: replace with probability p_replace
+    (seeded), at a fixed budget, predicting the usual directions. Nothing is learnt from it; it
+    only makes a run whose records hold both actions."""
+
+    def __init__(self, p_replace: float = 0.5, budget: str = "medium", seed: int = 0):
+        self.rng = random.Random(seed)
+        self.p_replace, self.budget = p_replace, budget
+
+    def decide(self, prompt, cancel=None) -> Decision:
+        rep = self.rng.random() < self.p_replace
+        return Decision(replace=rep, budget=self.budget,
+                        expected_hit_rate="up" if rep else "flat",
+                        expected_remote_rows="down" if rep else "flat",
+                        reason="random collection", model="random", backend="random",
+                        latency_s=0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5,
+                lookahead: int | None = None, p_replace: float = 0.5, budget: str = "medium",
+                seed: int = 0, study: str = "eval-windows") -> Path:
+    """Replays the trace under the agent policy with RandomDecisionMaker and writes the run
+    directory (`rudder sim`'s format); returns it."""
+    from rudder.sim.simulate import load_source, rank_source, simulate, write_sim_run
+
+    traces, source = load_source(trace_path)
+    cfg = json.loads(json.dumps(source.get("config") or {}))
+    pf = cfg.setdefault("prefetch", {})
+    pf.update(policy="agent", window=window)
+    if lookahead is not None:
+        pf["lookahead"] = lookahead
+    source["config"] = cfg
+    results = []
+    for rank, trace in sorted(traces.items()):
+        maker = RandomDecisionMaker(p_replace, budget, seed * 1000 + rank)
+        results.append(simulate(trace, "agent", rank=rank, source=rank_source(source, rank),
+                                extra={"decision_maker": maker}))
+    name = str(source.get("name", "trace")).removesuffix(".npz")
+    run_id = f"sim-{name}-agent-random-w{window}-s{seed}"
+    return write_sim_run(runs_dir, results, source, run_id=run_id, study=study)
+
+
+def _sim_inputs(run_dir: Path, rank: int):
+    """(trace, prefetch config, capacity, start, RunContext, future depth) of a simulated run."""
+    from rudder.config import PrefetchConfig
+    from rudder.sim.simulate import LOOKAHEAD_POLICIES, load_source, rank_source, run_context
+
+    meta = json.loads((run_dir / "run.json").read_text())
+    sim = meta.get("sim")
+    if not sim or not sim.get("source"):
+        raise ValueError(f"{run_dir} is not a simulated run (run.json has no sim.source): "
+                         "the counterfactual needs the trace it replayed")
+    traces, source = load_source(sim["source"])
+    if rank not in traces:
+        raise ValueError(f"{sim['source']} has no trace for rank {rank}")
+    trace = traces[rank]
+    pf = dict((meta.get("config") or {}).get("prefetch") or {})
+    known = set(PrefetchConfig.model_fields)
+    pc = PrefetchConfig.model_validate({k: v for k, v in pf.items() if k in known})
+    C = int(sim.get("capacity") or trace.capacity)
+    start = sim.get("start") or "init"
+    ctx = run_context(trace, pc, C, rank, rank_source(source, rank))
+    depth = pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
+    return trace, pc, C, start, ctx, depth
+
+
+def sim_context(run_dir: str | Path, rank: int = 0) -> dict:
+    """The RunContext a simulated run's policy saw, as a dict (for eval records)."""
+    *_, ctx, _ = _sim_inputs(Path(run_dir), rank)
+    d = asdict(ctx)
+    d.pop("run_dir", None)
+    d.pop("extra", None)
+    return d
+
+
+def _rows(budget: Any, capacity: int) -> int:
+    if isinstance(budget, str):
+        return budget_rows(budget, capacity)
+    return max(1, int(round(float(budget) * capacity)))
+
+
+def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORIZON,
+                         budget: Any = None) -> dict[int, dict]:
+    """{window id: {"gain", "remote", "share", "hits_replace", "hits_keep", "extra_replace",
+    "extra_keep", "rows"}} for every window of a simulated run with `horizon` windows after it.
+    budget: the replace branch's budget (a word or a share of capacity); default the budget of
+    the run's replace decisions, else the run's prefetch budget."""
+    import numpy as np
+    import torch
+
+    from rudder.prefetch.policy import Replace
+    from rudder.prefetch.step import begin_step, finish_step
+    from rudder.sim.simulate import PositionBuffer, _epoch_ends, position_ids
+
+    run_dir = Path(run_dir)
+    trace, pc, C, start, ctx, depth = _sim_inputs(run_dir, rank)
+    mech = "lookahead" if ctx.lookahead > 0 else "massivegnn"
+    admit = getattr(pc, "admit", "misses")
+    decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
+    applied = {int(d["applied_step"]): d for d in decisions
+               if d.get("applied_step") is not None and not d.get("fallback")}
+    if budget is None:
+        budget = next((d["budget"] for d in decisions if d.get("replace") and d.get("budget")),
+                      pc.budget)
+    rows = _rows(budget, C)
+    recorded = [int(m["hits"]) for m in sorted(read_jsonl(run_dir / f"minibatches-r{rank}.jsonl"),
+                                               key=lambda m: m["global_step"])]
+
+    S, W = trace.num_minibatches, pc.window
+    ids = torch.from_numpy(position_ids(trace))
+    off = trace.offsets.tolist()
+    ends = _epoch_ends(trace.epoch)
+
+    def remote(g):
+        return ids[off[g]:off[g + 1]]
+
+    def future(g):
+        return [remote(j) for j in range(g + 1, min(g + 1 + depth, ends[g]))]
+
+    def step(buf, g, plan):
+        sp = begin_step(buf, remote(g), plan, future(g))
+        finish_step(buf, sp)
+        return sp.hits, int(sp.extra_ids.numel()), sp.hits + sp.misses
+
+    buf = PositionBuffer(trace.num_halo, C, alpha=pc.alpha, period=pc.period)
+    init = trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64)
+    if init.size:
+        buf.fill(torch.from_numpy(np.sort(init)))
+    out: dict[int, dict] = {}
+    regime = None
+    for g in range(S):
+        if g in applied:  # the run's own action, as the agent / windowed policies apply it
+            d = applied[g]
+            regime = None
+            plan = None
+            if d.get("replace"):
+                plan = Replace(mech, _rows(d.get("budget") or budget, C), "replay", admit)
+                if mech == "lookahead":
+                    regime = plan
+        else:
+            plan = regime
+        h, _, _ = step(buf, g, plan)
+        if g < len(recorded) and h != recorded[g]:
+            raise RuntimeError(f"{run_dir} rank {rank}: replay diverged at minibatch {g} "
+                               f"({h} hits, the run recorded {recorded[g]})")
+        if (g + 1) % W or g + 1 + horizon * W > S:
+            continue
+        wid = (g + 1) // W - 1
+        res = {}
+        for branch in ("replace", "keep"):
+            b = copy.deepcopy(buf)
+            hits = extra = rem = 0
+            for k in range(horizon * W):
+                j = g + 1 + k
+                p = None
+                if branch == "replace" and k < W and (mech == "lookahead" or k == 0):
+                    p = Replace(mech, rows, "counterfactual", admit)
+                h2, x2, r2 = step(b, j, p)
+                hits, extra, rem = hits + h2, extra + x2, rem + r2
+            res[branch] = (hits, extra, rem)
+        (hr, xr, rem), (hk, xk, _) = res["replace"], res["keep"]
+        gain = (hr - hk) - (xr - xk)
+        out[wid] = {"gain": gain, "remote": rem, "share": gain / max(1, rem), "rows": rows,
+                    "hits_replace": hr, "hits_keep": hk, "extra_replace": xr, "extra_keep": xk}
+    return out
+
+
+def hindsight_label(cf: dict | None, replace_margin: float = REPLACE_MARGIN,
+                    keep_margin: float = KEEP_MARGIN) -> bool | None:
+    """replace (True) when the counterfactual gain beats replace_margin of the horizon's remote
+    rows; keep (False) when it is at most keep_margin; None in between (too close to call)."""
+    if cf is None:
+        return None
+    if cf["share"] > replace_margin:
+        return True
+    if cf["share"] <= keep_margin:
+        return False
+    return None
+
+
+def check_labels(records: list[dict], run_dir: str | Path, horizon: int = HORIZON) -> list[dict]:
+    """Adds `hindsight` (counterfactual gain, share, label) to each labelled record of this run
+    (from label_windows_from_run) and `agrees` (the run's label equals the counterfactual's)."""
+    by_rank: dict[int, dict[int, dict]] = {}
+    out = []
+    for rec in records:
+        rank = int(rec.get("rank", rec.get("context", {}).get("rank", 0)) or 0)
+        if rank not in by_rank:
+            by_rank[rank] = counterfactual_gains(run_dir, rank, horizon)
+        cf = by_rank[rank].get(int(rec["window"]["window"]))
+        lab = hindsight_label(cf)
+        rec = dict(rec)
+        rec["hindsight"] = None if cf is None else {
+            "gain_rows": cf["gain"], "gain_share": round(cf["share"], 5), "label": lab,
+            "budget_rows": cf["rows"], "horizon": horizon}
+        rec["agrees"] = None if lab is None else (lab == bool(rec["label_replace"]))
+        out.append(rec)
+    return out
