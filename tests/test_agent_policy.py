@@ -329,3 +329,14 @@ def test_agent_and_windowed_policies_share_the_replace_semantics():
             assert len(a) == 5 * sum(said)  # every minibatch of each replace window
         else:
             assert len(a) == sum(said)  # one round per replace decision
+
+
+def test_replace_regime_uses_the_configured_admission():
+    """The agent's lookahead rounds admit as the lookahead policy does (prefetch.admit)."""
+    maker = DecisionMaker(ScriptedBackend([answer(True, "small")]), "fake")
+    pol = AgentPolicy(PrefetchConfig(policy="agent", window=5, admit="any"), agent=AgentConfig(),
+                      decision_maker=maker)
+    pol.setup(ctx(lookahead=3))
+    plans = drive(pol, [win(0, 0.3, 700)])
+    pol.close()
+    assert all(r.admit == "any" and r.mechanism == "lookahead" for r in plans.values())

@@ -65,7 +65,7 @@ class RandomDecisionMaker:
 
 def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5,
                 lookahead: int | None = None, p_replace: float = 0.5, budget: str = "medium",
-                seed: int = 0, study: str = "eval-windows") -> Path:
+                seed: int = 0, study: str = "eval-windows", admit: str | None = None) -> Path:
     """Replays the trace under the agent policy with RandomDecisionMaker and writes the run
     directory (`rudder sim`'s format); returns it."""
     from rudder.sim.simulate import load_source, rank_source, simulate, write_sim_run
@@ -76,6 +76,8 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5
     pf.update(policy="agent", window=window)
     if lookahead is not None:
         pf["lookahead"] = lookahead
+    if admit is not None:
+        pf["admit"] = admit
     source["config"] = cfg
     results = []
     for rank, trace in sorted(traces.items()):
@@ -83,7 +85,8 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5
         results.append(simulate(trace, "agent", rank=rank, source=rank_source(source, rank),
                                 extra={"decision_maker": maker}))
     name = str(source.get("name", "trace")).removesuffix(".npz")
-    run_id = f"sim-{name}-agent-random-w{window}-s{seed}"
+    la = "" if lookahead is None else f"-la{lookahead}"
+    run_id = f"sim-{name}-agent-random-w{window}{la}{'-' + admit if admit else ''}-s{seed}"
     return write_sim_run(runs_dir, results, source, run_id=run_id, study=study)
 
 

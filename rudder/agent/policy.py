@@ -197,7 +197,8 @@ class AgentPolicy(Policy):
         self._pending.append((d, judged, entry))
         if not d.replace:
             return None
-        r = Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity), f"agent#{d.decision}")
+        r = Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity), f"agent#{d.decision}",
+                    self.cfg.admit)  # the lookahead policy's admission, for a like-for-like regime
         if self.mechanism == "lookahead":
             self._regime = r  # held: the same round on every minibatch until the next decision
         return r

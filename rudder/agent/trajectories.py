@@ -322,7 +322,7 @@ class WindowedDecisionPolicy(Policy):
         rec["staleness"] = step.global_step - rec["decided_step"]
         self._regime = None
         if rec["replace"] and self.max_rows > 0:
-            r = Replace(self.mechanism, self.max_rows, rec["policy"])
+            r = Replace(self.mechanism, self.max_rows, rec["policy"], self.cfg.admit)
             if self.mechanism == "lookahead":
                 self._regime = r
             return r
