@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         t_init = time.perf_counter() - t0
         init_rows = int(init_ids.numel())
     owner_of = lambda ids: pb.nid2partid(ids)  # noqa: E731
-    feats = BufferedFeatures(feat, owner_of, part_id, buffer)
+    feats = BufferedFeatures(feat, owner_of, part_id, buffer, local_id=int(local_g.ndata[dgl.NID][inner][0]))
 
     sampler = dgl.dataloading.NeighborSampler(tc.fanouts)
 

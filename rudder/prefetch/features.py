@@ -30,8 +30,8 @@ class FetchStats:
     fetched_rows: int = 0  # misses + replaced_rows
     fetched_bytes: int = 0
     t_fetch: float = 0.0  # the pull (network)
-    # what the buffer adds: lookup + bookkeeping + replacement + assembling the output from its
-    # two sources (the local/remote split is not counted: DistDGL's own pull does it too)
+    # what the buffer adds: lookup + bookkeeping + replacement + writing hit rows into the
+    # output (the local/remote split is not counted: DistDGL's own pull does it too)
     t_buffer: float = 0.0
 
     def as_dict(self) -> dict:
@@ -45,11 +45,13 @@ class BufferedFeatures:
         owner_of: Callable[[torch.Tensor], torch.Tensor],  # ids -> partition id
         part_id: int,
         buffer: HaloBuffer | None,
+        local_id: int,  # any node this partition owns: pulled in place of a buffer hit
     ):
         self.dist_feat = dist_feat
         self.owner_of = owner_of
         self.part_id = part_id
         self.buffer = buffer
+        self.local_id = int(local_id)
         self.row_bytes = int(dist_feat.shape[1]) * torch.empty(0, dtype=dist_feat.dtype).element_size()
 
     def __getitem__(self, input_nodes: torch.Tensor) -> torch.Tensor:
@@ -62,11 +64,14 @@ class BufferedFeatures:
     def fetch(
         self, input_nodes: torch.Tensor, plan: Replace | None = None, future: list[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, FetchStats]:
+        """The output is the pull itself, in input order: each buffer hit's id is swapped for
+        `local_id` (a local row, no network) and overwritten with the buffered row afterwards,
+        and the newcomers pulled only for the buffer ride at the end. Assembling into a fresh
+        tensor instead would copy (and page-fault in) every local row a second time."""
         st = FetchStats(input_rows=int(input_nodes.numel()))
-        is_local = self.owner_of(input_nodes) == self.part_id
-        local_idx = torch.nonzero(is_local).flatten()
-        remote_idx = torch.nonzero(~is_local).flatten()
-        st.local_rows, st.remote_rows = int(local_idx.numel()), int(remote_idx.numel())
+        remote_idx = torch.nonzero(self.owner_of(input_nodes) != self.part_id).flatten()
+        st.remote_rows = int(remote_idx.numel())
+        st.local_rows = st.input_rows - st.remote_rows
         if self.buffer is None:  # plain DistDGL
             t1 = time.perf_counter()
             out = self.dist_feat[input_nodes]
@@ -76,22 +81,24 @@ class BufferedFeatures:
             return out, st
 
         t0 = time.perf_counter()
-        remote = input_nodes[remote_idx]
-        step = begin_step(self.buffer, remote, plan, future)
-        out = torch.empty((input_nodes.numel(), self.dist_feat.shape[1]), dtype=self.dist_feat.dtype)
-        out[remote_idx[step.hit_mask]] = self.buffer.gather(step.hit_slots)
+        step = begin_step(self.buffer, input_nodes[remote_idx], plan, future)
+        hit_idx = remote_idx[step.hit_mask]
+        pull_ids = input_nodes.clone()
+        pull_ids[hit_idx] = self.local_id
+        pull_ids = torch.cat([pull_ids, step.extra_ids])
         t_book = time.perf_counter() - t0
 
-        pull_ids = torch.cat([input_nodes[local_idx], step.pull_ids])
         t1 = time.perf_counter()
         rows = self.dist_feat[pull_ids]
         st.t_fetch = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        L = local_idx.numel()
-        out[local_idx] = rows[:L]
-        out[remote_idx[~step.hit_mask]] = rows[L : L + step.misses]
-        t_apply = time.perf_counter() - t2 + finish_step(self.buffer, step, rows[L:])
+        n = input_nodes.numel()
+        out = rows[:n]
+        out.index_copy_(0, hit_idx, self.buffer.gather(step.hit_slots))
+        # rows of step.pull_ids (misses, then extras) inside `rows`, for the newcomers
+        where = torch.cat([remote_idx[~step.hit_mask], torch.arange(n, n + step.extra_ids.numel())])
+        t_apply = time.perf_counter() - t2 + finish_step(self.buffer, step, rows, where)
 
         st.hits, st.misses = step.hits, step.misses
         st.replaced_rows = int(step.extra_ids.numel())

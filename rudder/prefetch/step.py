@@ -66,16 +66,19 @@ def begin_step(
     return StepPlan(hit_mask, hit_slots, miss_ids, victims, newcomers, extra, time.perf_counter() - t0)
 
 
-def finish_step(buffer: HaloBuffer, step: StepPlan, pulled: torch.Tensor | None = None) -> float:
-    """Writes the newcomers; `pulled` = rows for step.pull_ids (None in simulation)."""
+def finish_step(
+    buffer: HaloBuffer, step: StepPlan, pulled: torch.Tensor | None = None, rows_of: torch.Tensor | None = None
+) -> float:
+    """Writes the newcomers; `pulled` holds the rows of step.pull_ids (None in simulation), at
+    positions `rows_of` (default: in pull_ids order)."""
     t0 = time.perf_counter()
     if step.newcomers.numel():
         feats = None
         if pulled is not None and buffer.store_features:
             pull_ids = step.pull_ids
-            # row of each newcomer inside the pull (pull ids are unique)
+            # index of each newcomer in pull_ids (pull ids are unique)
             order = torch.argsort(pull_ids)
             where = order[torch.searchsorted(pull_ids[order], step.newcomers)]
-            feats = pulled.index_select(0, where)
+            feats = pulled.index_select(0, where if rows_of is None else rows_of[where])
         buffer.apply(step.victims, step.newcomers, feats)
     return time.perf_counter() - t0

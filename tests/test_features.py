@@ -1,0 +1,59 @@
+"""BufferedFeatures: every assembled row equals a plain pull, hits are served from the buffer
+(not pulled), and only misses and replacement rows count as fetched."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rudder.prefetch.buffer import HaloBuffer
+from rudder.prefetch.features import BufferedFeatures
+from rudder.prefetch.policy import Replace
+
+
+class CountingTable:
+    """A feature table that records which ids each pull asked for (a DistTensor stand-in)."""
+
+    def __init__(self, table):
+        self.table, self.pulls = table, []
+        self.shape, self.dtype = table.shape, table.dtype
+
+    def __getitem__(self, ids):
+        self.pulls.append(ids.clone())
+        return self.table[ids]
+
+
+@pytest.mark.parametrize("plan", [None, Replace("massivegnn"), Replace("lookahead", 3),
+                                  Replace("lookahead", 3, admit="any")])
+def test_rows_match_a_plain_pull_and_hits_are_not_pulled(plan):
+    g = torch.Generator().manual_seed(0)
+    N, P = 200, 100  # nodes 0..99 are this partition's, 100..199 another's
+    table = CountingTable(torch.randn(N, 8, generator=g))
+    halo = torch.arange(100, 160)
+    buf = HaloBuffer(halo, 20, 8, alpha=0.3, period=2)
+    buf.fill(halo[:20], table.table[halo[:20]])
+    feats = BufferedFeatures(table, lambda ids: (ids >= P).long(), 0, buf, local_id=7)
+    mbs = [torch.unique(torch.randint(0, 180, (40,), generator=g))[torch.randperm(30, generator=g)]
+           for _ in range(12)]
+    for i, ids in enumerate(mbs):
+        future = [feats.remote_ids(m) for m in mbs[i + 1 : i + 4]]
+        before = set(buf.contents().tolist())
+        x, st = feats.fetch(ids, plan if i % 2 else None, future)
+        assert torch.equal(x, table.table[ids])  # bit-identical to plain DistDGL
+        remote = ids[ids >= P]
+        hits = [int(v) for v in remote if int(v) in before]
+        assert st.hits == len(hits) and st.remote_rows == remote.numel()
+        pulled_remote = [int(v) for v in table.pulls[-1] if v >= P]
+        assert not set(hits) & set(pulled_remote)  # a hit never crosses the network
+        assert len(pulled_remote) == st.fetched_rows == st.misses + st.replaced_rows
+        buf.verify()
+        for slot in torch.nonzero(buf.slot_pos >= 0).flatten():  # rows follow their nodes
+            assert torch.equal(buf.feats[slot], table.table[buf.halo[buf.slot_pos[slot]]])
+
+
+def test_no_buffer_is_one_plain_pull():
+    table = CountingTable(torch.randn(50, 4))
+    feats = BufferedFeatures(table, lambda ids: (ids >= 25).long(), 0, None, local_id=0)
+    ids = torch.tensor([3, 30, 40, 1])
+    x, st = feats.fetch(ids)
+    assert torch.equal(x, table.table[ids]) and torch.equal(table.pulls[-1], ids)
+    assert (st.remote_rows, st.local_rows, st.fetched_rows, st.hits) == (2, 2, 2, 0)
