@@ -67,6 +67,15 @@ def test_label_and_check_from_the_run_directory(run):
     ctx = recs[0]["context"]
     assert ctx["capacity"] == 120 and ctx["halo_nodes"] == 600 and ctx["window"] == 5
     assert ctx["lookahead"] == 4
+    # history entries carry what the agent's own history holds: the judged window and deltas,
+    # so the default prompt can build hindsight examples from them
+    late = max(recs, key=lambda r: len(r["history"]))
+    h = late["history"][-1]
+    assert h["judged"]["window"] == h["window"] and "hit_delta" in h and "outcome_hit_rate" in h
+    from rudder.agent.context import hindsight_example
+    from rudder.agent.messages import HistoryEntry
+
+    assert any(hindsight_example(HistoryEntry.model_validate(x)) for r in recs for x in r["history"])
     checked = check_labels(recs, run)
     assert len(checked) == len(recs)
     for r in checked:

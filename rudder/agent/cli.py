@@ -1,7 +1,7 @@
 """`rudder agent ...`: score models and prompts, serve a model, probe one decision.
 
   rudder agent models                       registry: names, sources, present here or not
-  rudder agent eval [--model M ...] [--variant V ...] [--windows F]   accuracy, latency p50/p95
+  rudder agent eval [--model M ...] [--variant V ...] [--windows F ...]   accuracy, latency p50/p95
   rudder agent label RUN_DIR [-o F]         labelled windows from a finished run
   rudder agent serve [--model M] [--host H] [--port P]   the node's model server (foreground)
   rudder agent decide --window JSON [--context JSON] [--history JSON]  one decision, printed
@@ -30,13 +30,16 @@ def _models(args) -> int:
 
 
 def _eval(args) -> int:
-    from rudder.agent.eval import STARTER, evaluate_many, format_table
+    from rudder.agent.eval import DEFAULT_SETS, evaluate_many, format_table
 
-    results = evaluate_many(args.windows or STARTER, args.model or ["smollm2-135m"],
+    results = evaluate_many(args.windows or DEFAULT_SETS, args.model or ["smollm2-135m"],
                             args.variant or ["default"], url=args.url, threads=args.threads,
                             timeout_s=args.timeout, limit=args.limit, model_path=args.model_path)
     rows = [r.summary() for r in results]
     print(format_table(rows))
+    for r in results:  # accuracy per split (tune / held-out) and per kind of window
+        parts = [f"{k} {c}/{n}" for key in ("split", "kind") for k, (c, n) in r.by(key).items()]
+        print(f"{r.model} / {r.variant}: " + ", ".join(parts))
     if args.json:
         Path(args.json).write_text(json.dumps(
             [{**r.summary(), "predictions": r.predictions} for r in results], indent=2))
@@ -126,7 +129,9 @@ def register(subparsers) -> None:
     q = sub.add_parser("eval", help="score model(s) x prompt variant(s) on labelled windows")
     common(q, many=True)
     q.add_argument("--variant", action="append", help="prompt variant (repeatable; default: default)")
-    q.add_argument("--windows", default=None, help="labelled windows JSONL (default: the starter set)")
+    q.add_argument("--windows", action="append", default=None,
+                   help="labelled windows JSONL (repeatable; default: the starter set and the "
+                        "windows of replayed runs, rudder/agent/eval_windows*.jsonl)")
     q.add_argument("--limit", type=int, default=None)
     q.add_argument("--json", default=None, help="write summaries and per-window predictions here")
     q.set_defaults(func=_eval)

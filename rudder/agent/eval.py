@@ -26,14 +26,21 @@ from typing import Any, Iterable
 
 from rudder.agent.context import HIT_TOL, ContextBuilder, direction
 from rudder.agent.decision import Backend, DecisionMaker, HttpBackend, InprocBackend, warm_prompt
-from rudder.agent.messages import HistoryEntry
+from rudder.agent.messages import HistoryEntry, budget_rows
 
 log = logging.getLogger(__name__)
 
 STARTER = Path(__file__).with_name("eval_windows.jsonl")
+# windows of replayed runs, labels confirmed by the counterfactual (scripts/make_eval_windows.py)
+FROM_RUNS = Path(__file__).with_name("eval_windows_runs.jsonl")
+DEFAULT_SETS = [STARTER, FROM_RUNS]  # what `rudder agent eval` reads without --windows
 
 
-def load_windows(path: str | Path = STARTER) -> list[dict]:
+def load_windows(path: str | Path | list = STARTER) -> list[dict]:
+    """Labelled windows of one file, or of several files in order (missing ones skipped when
+    more than one is given)."""
+    if isinstance(path, (list, tuple)):
+        return [rec for p in path if len(path) == 1 or Path(p).exists() for rec in load_windows(p)]
     out = []
     for i, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -70,6 +77,15 @@ class EvalResult:
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else 0.0
 
+    def by(self, key: str) -> dict[str, tuple[int, int]]:
+        """{value of `key` (split, kind): (right, n)} over the predictions."""
+        out: dict[str, list[int]] = {}
+        for p in self.predictions:
+            c = out.setdefault(str(p.get(key)), [0, 0])
+            c[0] += bool(p["ok"])
+            c[1] += 1
+        return {k: (v[0], v[1]) for k, v in sorted(out.items())}
+
     def summary(self) -> dict[str, Any]:
         p50, p95 = percentile(self.latencies, 0.5), percentile(self.latencies, 0.95)
         return {"model": self.model, "variant": self.variant, "backend": self.backend, "n": self.n,
@@ -91,6 +107,7 @@ def evaluate(maker: DecisionMaker, windows: list[dict], variant: str, history_k:
         if d.latency_s is not None:
             res.latencies.append(d.latency_s)
         res.predictions.append({"source": rec.get("source"), "kind": rec.get("kind"),
+                                "split": rec.get("split", "tune"),
                                 "label": rec["label_replace"], "replace": d.replace, "fallback": d.fallback,
                                 "ok": ok, "latency_s": d.latency_s, "raw": d.raw})
     return res
@@ -104,7 +121,7 @@ def make_backend(model: str, url: str | None = None, threads: int = 1, model_pat
     return InprocBackend(resolve(model, model_path), threads=threads)
 
 
-def evaluate_many(path: str | Path, models: Iterable[str], variants: Iterable[str], url: str | None = None,
+def evaluate_many(path: str | Path | list, models: Iterable[str], variants: Iterable[str], url: str | None = None,
                   threads: int = 1, timeout_s: float = 60.0, max_tokens: int = 160, limit: int | None = None,
                   model_path: str | None = None) -> list[EvalResult]:
     """Every model x variant on the file; each model is loaded once."""
@@ -214,6 +231,22 @@ def _net_gain(judged: dict, after: list[dict]) -> float:
     return gain - cost
 
 
+def _history_entry(rec: dict, windows: list[dict], by_id: dict[int, int], capacity: int = 0) -> dict:
+    """A past decision record as the agent's history shows it: its measured deltas and the
+    window it judged (with the hit rate before it), so hindsight examples can be built."""
+    h = HistoryEntry.model_validate(rec)
+    h.hit_delta, h.rows_delta = rec.get("outcome_hit_delta"), rec.get("outcome_rows_delta")
+    if h.budget and capacity and h.rows is None:
+        h.rows = budget_rows(h.budget, capacity)
+    i = by_id.get(rec.get("window"))
+    if i is not None:
+        judged = dict(windows[i])
+        if i > 0 and windows[i - 1].get("hit_rate") is not None:
+            judged["prev_hit_rate"] = windows[i - 1]["hit_rate"]
+        h.judged = judged
+    return h.model_dump(exclude_none=True)
+
+
 def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON) -> list[dict]:
     """Labels the windows of a finished run at which a replacement was (or was not) made.
 
@@ -267,7 +300,7 @@ def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON) -> list[
                 label = None if fell else False
             if label is None:
                 continue
-            history = [HistoryEntry.model_validate(p).model_dump(exclude_none=True)
+            history = [_history_entry(p, windows, by_id, int(ctx.get("capacity") or 0))
                        for p in decisions if p["decision"] < d.get("decision", 0) and p.get("applied_step") is not None]
             out.append({"context": ctx, "window": judged, "recent": windows[max(0, i - 3):i],
                         "history": history[-4:], "label_replace": label, "net_rows": net,
