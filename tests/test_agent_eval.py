@@ -146,3 +146,22 @@ def test_label_windows_from_run_without_decisions(tmp_path):
     run = _write_run(tmp_path, [W(0, 0.30), W(1, 0.40, replaced=200), W(2, 0.41), W(3, 0.41)])
     recs = label_windows_from_run(run)
     assert [(r["window"]["window"], r["label_replace"]) for r in recs] == [(0, True), (1, False), (2, False)]
+
+
+def test_eval_waits_while_the_pause_file_exists(tmp_path):
+    import threading
+
+    from rudder.agent.eval import wait_while
+
+    f = tmp_path / "quiet"
+    f.touch()
+    threading.Timer(0.3, f.unlink).start()
+    assert wait_while(f, poll_s=0.02) >= 0.25
+    assert wait_while(f) < 0.01 and wait_while(None) == 0.0
+
+
+def test_default_sets_read_together():
+    from rudder.agent.eval import DEFAULT_SETS, FROM_RUNS
+
+    both = load_windows(DEFAULT_SETS)
+    assert len(both) == len(load_windows(STARTER)) + (len(load_windows(FROM_RUNS)) if FROM_RUNS.exists() else 0)

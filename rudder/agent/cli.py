@@ -34,7 +34,8 @@ def _eval(args) -> int:
 
     results = evaluate_many(args.windows or DEFAULT_SETS, args.model or ["smollm2-135m"],
                             args.variant or ["default"], url=args.url, threads=args.threads,
-                            timeout_s=args.timeout, limit=args.limit, model_path=args.model_path)
+                            timeout_s=args.timeout, limit=args.limit, model_path=args.model_path,
+                            pause_file=args.pause_file)
     rows = [r.summary() for r in results]
     print(format_table(rows))
     for r in results:  # accuracy per split (tune / held-out) and per kind of window
@@ -133,6 +134,9 @@ def register(subparsers) -> None:
                    help="labelled windows JSONL (repeatable; default: the starter set and the "
                         "windows of replayed runs, rudder/agent/eval_windows*.jsonl)")
     q.add_argument("--limit", type=int, default=None)
+    q.add_argument("--pause-file", default=None,
+                   help="wait while this file exists before each window (a shared host where "
+                        "someone times a benchmark); the wait is not counted as latency")
     q.add_argument("--json", default=None, help="write summaries and per-window predictions here")
     q.set_defaults(func=_eval)
 

@@ -94,9 +94,23 @@ class EvalResult:
                 "latency_p95_s": None if p95 is None else round(p95, 3)}
 
 
-def evaluate(maker: DecisionMaker, windows: list[dict], variant: str, history_k: int = 4) -> EvalResult:
+def wait_while(pause_file: str | Path | None, poll_s: float = 5.0) -> float:
+    """Sleeps while `pause_file` exists (a shared host: someone is timing a benchmark); returns
+    the seconds waited."""
+    if not pause_file:
+        return 0.0
+    t0 = time.monotonic()
+    while Path(pause_file).exists():
+        time.sleep(poll_s)
+    return time.monotonic() - t0
+
+
+def evaluate(maker: DecisionMaker, windows: list[dict], variant: str, history_k: int = 4,
+             pause_file: str | Path | None = None) -> EvalResult:
+    """pause_file: before each window, wait while this file exists (the wait is not latency)."""
     res = EvalResult(maker.model, variant, maker.backend.name)
     for rec in windows:
+        wait_while(pause_file)
         builder = ContextBuilder(rec["context"], variant, history_k)
         prompt = builder.build(rec["window"], rec.get("history") or [], rec.get("recent") or [])
         d = maker.decide(prompt)
@@ -123,7 +137,7 @@ def make_backend(model: str, url: str | None = None, threads: int = 1, model_pat
 
 def evaluate_many(path: str | Path | list, models: Iterable[str], variants: Iterable[str], url: str | None = None,
                   threads: int = 1, timeout_s: float = 60.0, max_tokens: int = 160, limit: int | None = None,
-                  model_path: str | None = None) -> list[EvalResult]:
+                  model_path: str | None = None, pause_file: str | Path | None = None) -> list[EvalResult]:
     """Every model x variant on the file; each model is loaded once."""
     windows = load_windows(path)[:limit]
     results = []
@@ -132,9 +146,10 @@ def evaluate_many(path: str | Path | list, models: Iterable[str], variants: Iter
         maker = DecisionMaker(backend, model, "static", max_tokens=max_tokens, timeout_s=timeout_s)
         try:
             for v in variants:
+                wait_while(pause_file)
                 maker.warm(warm_prompt(v))  # the constant prefix, cached as in a run (not timed)
                 t0 = time.monotonic()
-                r = evaluate(maker, windows, v)
+                r = evaluate(maker, windows, v, pause_file=pause_file)
                 log.info("%s / %s: accuracy %.2f on %d windows (%.1f s)", model, v, r.accuracy, r.n,
                          time.monotonic() - t0)
                 results.append(r)
