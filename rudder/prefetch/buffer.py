@@ -113,9 +113,11 @@ class HaloBuffer:
     def _future_positions(self, ids: torch.Tensor) -> torch.Tensor:
         """Halo positions of a sampled-ahead minibatch, memoised: each one is looked at on
         every round until it is trained on (the tensors stay alive in the lookahead queue)."""
-        key = (ids.data_ptr(), ids.numel())
+        key = (ids.data_ptr(), ids.numel(), ids.stride(0) if ids.dim() else 1)
         hit = self._pos_memo.get(key)
-        if hit is None or hit[0] is not ids:
+        # the memo holds the ids tensor, so its storage stays alive: another tensor with the same
+        # address, length and stride is a view of the same ids (the simulator re-slices each step)
+        if hit is None or hit[0].untyped_storage().data_ptr() != ids.untyped_storage().data_ptr():
             is_halo, pos = self.halo_positions(ids)
             hit = (ids, pos[is_halo])
             self._pos_memo[key] = hit

@@ -62,7 +62,10 @@ def begin_step(
             victims, newcomers = buffer.plan_lookahead(list(future), plan.max_rows, missed_pos, plan.admit)
         else:
             raise ValueError(f"unknown replacement mechanism {plan.mechanism!r}")
-        extra = newcomers[~torch.isin(newcomers, miss_ids)]
+        if plan.mechanism == "lookahead" and plan.admit == "misses":
+            extra = newcomers[:0]  # every newcomer is a miss of this minibatch
+        else:
+            extra = newcomers[~torch.isin(newcomers, miss_ids)]
     return StepPlan(hit_mask, hit_slots, miss_ids, victims, newcomers, extra, time.perf_counter() - t0)
 
 
