@@ -9,7 +9,7 @@ against the counterfactual (check_labels), and only confirmed windows are kept. 
 is balanced (replace / keep) per trace, and each entry names its source run and window.
 `split` says tune (p2 traces) or held-out (p4 traces): prompts are tuned on the first only.
 
-  python scripts/make_eval_windows.py TRACE_DIR... --runs-dir /tmp/rudder-evalwin/runs \
+  python scripts/make_eval_windows.py TRACEGEN_DIR... --runs-dir /tmp/rudder-evalwin/runs \
       --per-trace 6 --out rudder/agent/eval_windows_runs.jsonl
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from rudder.agent.hindsight import check_labels, collect_run
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("traces", nargs="+", help="trace files (trace-r<R>.npz)")
+    ap.add_argument("traces", nargs="+", help="tracegen folders (their name names the runs)")
     ap.add_argument("--runs-dir", default="/tmp/rudder-evalwin/runs")
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--seeds", default="1,2")
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     stats: Counter = Counter()
     for tpath in args.traces:
         tpath = Path(tpath)
-        tname = tpath.parent.name
+        tname = tpath.name if tpath.is_dir() else tpath.parent.name
         pool: dict[bool, list[dict]] = {True: [], False: []}
         for la in (None, 0):
             for seed in map(int, args.seeds.split(",")):

@@ -165,3 +165,22 @@ def test_default_sets_read_together():
 
     both = load_windows(DEFAULT_SETS)
     assert len(both) == len(load_windows(STARTER)) + (len(load_windows(FROM_RUNS)) if FROM_RUNS.exists() else 0)
+
+
+def test_packaged_windows_from_runs_are_balanced_named_and_confirmed():
+    """The curated windows of replayed runs: both labels in equal numbers (per split too), each
+    naming its source run and window, each label confirmed by the counterfactual replay."""
+    from collections import Counter
+
+    from rudder.agent.eval import FROM_RUNS
+
+    recs = load_windows(FROM_RUNS)
+    assert len(recs) >= 16
+    by = Counter((r["split"], r["label_replace"]) for r in recs)
+    for split in ("tune", "held-out"):
+        assert by[(split, True)] == by[(split, False)] > 0, by
+    for r in recs:
+        run, rank, wid = r["source"].split(":")
+        assert run.startswith("sim-synth-medium-") and rank.startswith("r") and wid == f"w{r['window']['window']}"
+        assert r["agrees"] is True and r["hindsight"]["label"] == r["label_replace"]
+        assert r["context"]["capacity"] > 0 and r["context"]["halo_nodes"] > 0
