@@ -44,7 +44,8 @@ def test_window_lines_trend_and_lookahead():
     assert "fetched rows per minibatch 8,280 of 12,000" in text
     assert "stale slots 7,000 of 10,000 (70%)" in text
     assert "lookahead missing 9,000 nodes (90% of capacity)" in text
-    assert "would fetch 1,500 rows" in text
+    # a lookahead round admits rows the minibatch fetches anyway: no "would fetch N rows" claim
+    assert "would fetch" not in text
     no_la = ContextBuilder(ctx(lookahead=0), "reason-first")
     assert "lookahead:" not in no_la.render_window(WINDOW)
     assert "lookahead off" in no_la.static_text()
@@ -108,6 +109,33 @@ def test_hindsight_labels():
     assert not hindsight_example(HistoryEntry(replace=True, outcome_hit_rate="flat", **base))["replace"]
     assert not hindsight_example(HistoryEntry(replace=False, outcome_hit_rate="up", **base))["replace"]
     assert hindsight_example(HistoryEntry(replace=False, outcome_hit_rate="down", **base)) is None
+
+
+def test_hindsight_examples_only_where_one_branch_tells():
+    """With lookahead a round adds no rows, so a replacement whose hit rate did not rise, or a
+    kept window with much missing ahead, says nothing about the other branch: no example."""
+    base = dict(decision=1, window=1, judged=WINDOW, correct=False, outcome_remote_rows="flat")
+    cap = 10_000  # WINDOW misses 9,000 ahead: 90% of capacity
+    up = HistoryEntry(replace=True, budget="large", outcome_hit_rate="up", **base)
+    assert hindsight_example(up, cap, lookahead=True)["replace"]
+    flat = HistoryEntry(replace=True, outcome_hit_rate="flat", **base)
+    assert hindsight_example(flat, cap, lookahead=True) is None
+    assert hindsight_example(flat, cap, lookahead=False)["replace"] is False  # extra rows bought nothing
+    kept = HistoryEntry(replace=False, outcome_hit_rate="up", **base)
+    assert hindsight_example(kept, cap, lookahead=True) is None
+    assert hindsight_example(kept, cap, lookahead=False)["replace"] is False
+    little = HistoryEntry(replace=False, outcome_hit_rate="flat",
+                          **{**base, "judged": {**WINDOW, "lookahead_missing": 300}})
+    assert hindsight_example(little, cap, lookahead=True)["replace"] is False
+
+
+def test_reason_starts_with_the_mechanism():
+    from rudder.agent.context import evidence
+
+    assert evidence(WINDOW, [0.38], 10_000, lookahead=True).startswith("lookahead on, 90% missing ahead")
+    assert evidence(WINDOW, [0.38], 10_000, lookahead=False) == "lookahead off, hit rate falling"
+    system = ContextBuilder(ctx(), "default").system
+    assert "lookahead on: replacing costs no rows" in system and "lookahead off" in system
 
 
 def test_direction_tolerance():

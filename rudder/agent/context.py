@@ -38,6 +38,10 @@ from rudder.agent.messages import (
 from rudder.prefetch.policy import RunContext
 from rudder.records import HIT_TOL, ROWS_TOL, direction  # "flat" = |hit delta| < 1 pt, |rows delta| < 2%
 
+# Below this share of capacity missing ahead, a lookahead round has little to admit (the rule of
+# thumb in the system message, and where a kept window is a trustworthy keep example).
+LOOKAHEAD_SMALL = 0.05
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -113,14 +117,13 @@ Metrics of a window of minibatches:
 - stale slots: buffer slots not hit for a long time
 - lookahead missing: remote nodes of the next minibatches (already sampled) that the buffer lacks
 Action: replace or keep; it holds until your next decision (one per window).
-- lookahead on: replace runs a replacement round before EVERY minibatch until your next decision, each round swapping at most the budget of slots the next minibatches do not need for nodes they need; keep runs none.
-- lookahead off: replace runs one round now (stale slots get the most-missed nodes, at most the budget).
+- lookahead on: replace runs a round before EVERY minibatch until your next decision; a round puts nodes the next minibatches need, taken from rows that minibatch fetches anyway, into slots they do not need (at most the budget per round). It adds no network rows. keep runs none.
+- lookahead off: replace runs one round now: stale slots get the most-missed nodes, fetched as extra rows (at most the budget).
 Budget per round: small = 1%, medium = 5%, large = 15% of capacity.
 Rules of thumb:
-- Every swapped row is fetched over the network at once; a replacement pays only if the new rows are hit later.
-- Replace when hit_rate is falling or low, many slots are stale and lookahead missing is large.
-- Keep when hit_rate is high or rising, or lookahead missing is small: replacing would only add traffic.
-- Minibatches are shuffled: past hits predict future hits poorly; lookahead is the best evidence.
+- First check whether lookahead is on or off.
+- lookahead on: replacing costs no rows and follows what is known to come: replace when lookahead missing is 5% of capacity or more; keep only when it is smaller.
+- lookahead off: minibatches are shuffled, so nodes missed in the past rarely come back soon and the extra rows seldom pay: keep.
 - After a useful replacement expect hit_rate up and fetched rows down; after keeping, expect flat.
 - If a past prediction failed, change course.
 Answer with one JSON object; "remote_rows" in it means fetched rows:"""
@@ -129,12 +132,12 @@ RUN_TEMPLATE = """\
 Run: graph {num_nodes:,} nodes, {num_parts} partitions; rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes, {halo_nodes:,} halo nodes); buffer capacity {capacity:,} rows ({cap_share} of halo); minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs; window {window} minibatches; {lookahead_text}; budgets: small {small:,} rows, medium {medium:,}, large {large:,}."""
 
 ANSWER_REASON_FIRST = (
-    '{"reason": "hit rate rising|steady|falling, N% stale, M% missing ahead: replace|keep", "replace": true|false, "budget": "small"|"medium"|"large", '
+    '{"reason": "lookahead on|off, M% missing ahead, hit rate rising|steady|falling: replace|keep", "replace": true|false, "budget": "small"|"medium"|"large", '
     '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}'
 )
 ANSWER_DECISION_FIRST = (
     '{"replace": true|false, "budget": "small"|"medium"|"large", '
-    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": "hit rate rising|steady|falling, N% stale, M% missing ahead"}'
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": "lookahead on|off, M% missing ahead, hit rate rising|steady|falling"}'
 )
 
 # The run the canned examples pretend to come from (fixed, so their KV cache is reused).
@@ -155,19 +158,20 @@ CANNED: list[dict[str, Any]] = [
         "answer": {"replace": True, "budget": "large",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
     },
+    {   # another run, lookahead off: a MassiveGNN round's extra rows rarely pay on shuffled minibatches
+        "context": {"lookahead": 0, "rank": 1, "part_id": 1},
+        "window": {"window": 7, "first_step": 70, "last_step": 79, "minibatches": 10, "hit_rate": 0.41,
+                   "remote_rows": 120000, "fetched_rows": 70800, "replaced_rows": 0, "stale_slots": 6100,
+                   "buffer_fill": 10000, "lookahead_missing": None, "lookahead_rows": None},
+        "recent": [0.44, 0.43],
+        "answer": {"replace": False, "budget": "small",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
     {
         "window": {"window": 9, "first_step": 90, "last_step": 99, "minibatches": 10, "hit_rate": 0.64,
                    "remote_rows": 120000, "fetched_rows": 43200, "replaced_rows": 0, "stale_slots": 800,
                    "buffer_fill": 10000, "lookahead_missing": 400, "lookahead_rows": 100},
         "recent": [0.58, 0.61],
-        "answer": {"replace": False, "budget": "small",
-                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
-    },
-    {
-        "window": {"window": 12, "first_step": 120, "last_step": 129, "minibatches": 10, "hit_rate": 0.55,
-                   "remote_rows": 120000, "fetched_rows": 54500, "replaced_rows": 500, "stale_slots": 1200,
-                   "buffer_fill": 10000, "lookahead_missing": 300, "lookahead_rows": 100},
-        "recent": [0.55, 0.55],
         "answer": {"replace": False, "budget": "small",
                    "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
     },
@@ -179,6 +183,14 @@ CANNED: list[dict[str, Any]] = [
         "answer": {"replace": True, "budget": "medium",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
     },
+    {
+        "window": {"window": 12, "first_step": 120, "last_step": 129, "minibatches": 10, "hit_rate": 0.55,
+                   "remote_rows": 120000, "fetched_rows": 54500, "replaced_rows": 500, "stale_slots": 1200,
+                   "buffer_fill": 10000, "lookahead_missing": 300, "lookahead_rows": 100},
+        "recent": [0.55, 0.55],
+        "answer": {"replace": False, "budget": "small",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
 ]
 
 
@@ -189,16 +201,14 @@ def evidence(w: dict, prev: list[float | dict] | tuple = (), capacity: int = 0, 
     cap = max(1, capacity)
     prev = [p.get("hit_rate") if isinstance(p, dict) else p for p in prev]
     prev = [p for p in prev if p is not None]
-    parts = []
+    parts = ["lookahead on" if lookahead else "lookahead off"]
+    if lookahead and w.get("lookahead_missing") is not None:
+        parts.append(f"{100 * w['lookahead_missing'] / cap:.0f}% missing ahead")
     hr = w.get("hit_rate")
     if hr is not None and prev:
         parts.append("hit rate " + {"up": "rising", "down": "falling", "flat": "steady"}[direction(hr - prev[-1], HIT_TOL)])
     elif hr is not None:
         parts.append(f"hit rate {100 * hr:.0f}%")
-    if w.get("stale_slots") is not None:
-        parts.append(f"{100 * w['stale_slots'] / cap:.0f}% stale")
-    if lookahead and w.get("lookahead_missing") is not None:
-        parts.append(f"{100 * w['lookahead_missing'] / cap:.0f}% missing ahead")
     return ", ".join(parts)
 
 
@@ -266,10 +276,8 @@ class ContextBuilder:
         lines.append(f"stale slots {_num(stale)} of {cap:,} ({_pct(None if stale is None else stale / cap, 0)}); "
                      f"buffer fill {_pct(fill_share, 0)}")
         if c.lookahead > 0:
-            miss, rows = w.get("lookahead_missing"), w.get("lookahead_rows")
-            lines.append(
-                f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity); "
-                f"a replacement now would fetch {_num(rows)} rows")
+            miss = w.get("lookahead_missing")
+            lines.append(f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity)")
         if self.variant.signals:
             lines.append("signals: " + self._signals(w, prev))
         return "\n".join(lines)
@@ -318,7 +326,7 @@ class ContextBuilder:
             for h in reversed(history):
                 if len(own) >= v.max_examples // 2:  # keep room for canned ones of both labels
                     break
-                ex = hindsight_example(h)
+                ex = hindsight_example(h, self.ctx.capacity, self.ctx.lookahead > 0)
                 if ex is not None:
                     judged = h.judged or {}
                     prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
@@ -326,14 +334,18 @@ class ContextBuilder:
                                     + (": replace" if ex["replace"] else ": keep"))
                     own.append((self.static_text() + "\n" + self.render_window(judged, prev), ex))
             own.reverse()
-        canned_builder = ContextBuilder.__new__(ContextBuilder)
-        canned_builder.ctx, canned_builder.variant = as_context(CANNED_CONTEXT), v
-        cap = CANNED_CONTEXT["capacity"]
-        canned = [((canned_builder.static_text() + "\n" if i == 0 else "Same run.\n")
-                   + canned_builder.render_window(e["window"], e["recent"]),
-                   {"reason": evidence(e["window"], e["recent"], cap) + (": replace" if e["answer"]["replace"] else ": keep"),
-                    **e["answer"]})
-                  for i, e in enumerate(CANNED)]
+        canned = []
+        prev_ctx = None
+        for e in CANNED:
+            cctx = {**CANNED_CONTEXT, **e.get("context", {})}  # an example may come from another run
+            cb = ContextBuilder.__new__(ContextBuilder)
+            cb.ctx, cb.variant = as_context(cctx), v
+            head = "Same run.\n" if cctx == prev_ctx else cb.static_text() + "\n"
+            prev_ctx = cctx
+            la = cctx["lookahead"] > 0
+            canned.append((head + cb.render_window(e["window"], e["recent"]),
+                           {"reason": evidence(e["window"], e["recent"], cctx["capacity"], la)
+                            + (": replace" if e["answer"]["replace"] else ": keep"), **e["answer"]}))
         return canned[: v.max_examples - len(own)] + own
 
     def build(self, window: dict, history: Iterable[HistoryEntry | dict] = (),
@@ -356,14 +368,21 @@ def _ordered(answer: dict, reason_first: bool) -> dict:
     return {k: answer[k] for k in keys}
 
 
-def hindsight_example(h: HistoryEntry) -> dict | None:
-    """The answer that was right in hindsight for a past judged window, or None when unclear:
-    replaced and hit rate went up -> replace; replaced and it did not -> keep;
-    kept and hit rate held or rose -> keep; kept and it fell -> unclear (skipped)."""
+def hindsight_example(h: HistoryEntry, capacity: int = 0, lookahead: bool = False) -> dict | None:
+    """The answer that was right in hindsight for a past judged window, or None when the one
+    branch the run took does not tell (the other branch was never played):
+    replaced and hit rate went up -> replace;
+    replaced and it did not -> keep, without lookahead (the round's extra rows bought nothing);
+      with lookahead unclear (a round adds no rows; the hit rate may have moved for other reasons);
+    kept and hit rate held or rose -> keep, without lookahead or when little was missing ahead
+      (< 5% of capacity); with much missing ahead unclear (replacing might have done better);
+    kept and it fell -> unclear."""
     if h.fallback or h.judged is None or h.outcome_hit_rate is None:
         return None
     if h.replace:
         good = h.outcome_hit_rate == "up"
+        if not good and lookahead:
+            return None
         return {
             "reason": "replacing here raised the hit rate" if good else "a replacement here did not raise the hit rate",
             "replace": good, "budget": (h.budget or "medium") if good else "small",
@@ -371,6 +390,9 @@ def hindsight_example(h: HistoryEntry) -> dict | None:
                          "remote_rows": (h.outcome_remote_rows or "down") if good else "flat"},
         }
     if h.outcome_hit_rate == "down":
+        return None
+    missing = (h.judged or {}).get("lookahead_missing")
+    if lookahead and (missing is None or missing >= LOOKAHEAD_SMALL * max(1, capacity)):
         return None
     return {"reason": "keeping the buffer held the hit rate", "replace": False, "budget": "small",
             "expected": {"hit_rate": h.outcome_hit_rate, "remote_rows": h.outcome_remote_rows or "flat"}}
