@@ -43,7 +43,7 @@ def test_window_lines_trend_and_lookahead():
     assert "hit_rate 31.0%, falling (-7.0 pt" in text
     assert "fetched rows per minibatch 8,280 of 12,000" in text
     assert "stale slots 7,000 of 10,000 (70%)" in text
-    assert "lookahead missing 9,000 nodes (90% of capacity)" in text
+    assert "lookahead missing 9,000 nodes (90% of capacity: much)" in text
     # a lookahead round admits rows the minibatch fetches anyway: no "would fetch N rows" claim
     assert "would fetch" not in text
     no_la = ContextBuilder(ctx(lookahead=0), "reason-first")
@@ -129,11 +129,12 @@ def test_hindsight_examples_only_where_one_branch_tells():
     assert hindsight_example(little, cap, lookahead=True)["replace"] is False
 
 
-def test_reason_starts_with_the_mechanism():
+def test_reason_ends_with_the_deciding_facts():
     from rudder.agent.context import evidence
 
-    assert evidence(WINDOW, [0.38], 10_000, lookahead=True).startswith("lookahead on, 90% missing ahead")
-    assert evidence(WINDOW, [0.38], 10_000, lookahead=False) == "lookahead off, hit rate falling"
+    assert evidence(WINDOW, [0.38], 10_000, lookahead=True) == "hit rate falling, lookahead on, much missing ahead"
+    assert evidence({**WINDOW, "lookahead_missing": 499}, [0.38], 10_000, lookahead=True).endswith("little missing ahead")
+    assert evidence(WINDOW, [0.38], 10_000, lookahead=False) == "hit rate falling, lookahead off"
     system = ContextBuilder(ctx(), "default").system
     assert "lookahead on: replacing costs no rows" in system and "lookahead off" in system
 

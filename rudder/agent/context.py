@@ -122,7 +122,7 @@ Action: replace or keep; it holds until your next decision (one per window).
 Budget per round: small = 1%, medium = 5%, large = 15% of capacity.
 Rules of thumb:
 - First check whether lookahead is on or off.
-- lookahead on: replacing costs no rows and follows what is known to come: replace when lookahead missing is 5% of capacity or more; keep only when it is smaller.
+- lookahead on: replacing costs no rows and follows what is known to come: replace when much is missing ahead (5% of capacity or more); keep when little is.
 - lookahead off: minibatches are shuffled, so nodes missed in the past rarely come back soon and the extra rows seldom pay: keep.
 - After a useful replacement expect hit_rate up and fetched rows down; after keeping, expect flat.
 - If a past prediction failed, change course.
@@ -132,12 +132,12 @@ RUN_TEMPLATE = """\
 Run: graph {num_nodes:,} nodes, {num_parts} partitions; rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes, {halo_nodes:,} halo nodes); buffer capacity {capacity:,} rows ({cap_share} of halo); minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs; window {window} minibatches; {lookahead_text}; budgets: small {small:,} rows, medium {medium:,}, large {large:,}."""
 
 ANSWER_REASON_FIRST = (
-    '{"reason": "lookahead on|off, M% missing ahead, hit rate rising|steady|falling: replace|keep", "replace": true|false, "budget": "small"|"medium"|"large", '
+    '{"reason": "hit rate rising|steady|falling, lookahead on, much|little missing ahead | lookahead off: replace|keep", "replace": true|false, "budget": "small"|"medium"|"large", '
     '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}'
 )
 ANSWER_DECISION_FIRST = (
     '{"replace": true|false, "budget": "small"|"medium"|"large", '
-    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": "lookahead on|off, M% missing ahead, hit rate rising|steady|falling"}'
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, "reason": "hit rate rising|steady|falling, lookahead on, much|little missing ahead | lookahead off"}'
 )
 
 # The run the canned examples pretend to come from (fixed, so their KV cache is reused).
@@ -201,15 +201,22 @@ def evidence(w: dict, prev: list[float | dict] | tuple = (), capacity: int = 0, 
     cap = max(1, capacity)
     prev = [p.get("hit_rate") if isinstance(p, dict) else p for p in prev]
     prev = [p for p in prev if p is not None]
-    parts = ["lookahead on" if lookahead else "lookahead off"]
-    if lookahead and w.get("lookahead_missing") is not None:
-        parts.append(f"{100 * w['lookahead_missing'] / cap:.0f}% missing ahead")
+    parts = []
     hr = w.get("hit_rate")
     if hr is not None and prev:
         parts.append("hit rate " + {"up": "rising", "down": "falling", "flat": "steady"}[direction(hr - prev[-1], HIT_TOL)])
     elif hr is not None:
         parts.append(f"hit rate {100 * hr:.0f}%")
+    # the deciding facts last, right before the conclusion: the mechanism, then how much is missing
+    parts.append("lookahead on" if lookahead else "lookahead off")
+    if lookahead and w.get("lookahead_missing") is not None:
+        parts.append(f"{missing_word(w['lookahead_missing'], cap)} missing ahead")
     return ", ".join(parts)
+
+
+def missing_word(missing: float, capacity: int) -> str:
+    """'much' when the next minibatches lack at least LOOKAHEAD_SMALL of capacity, else 'little'."""
+    return "much" if missing >= LOOKAHEAD_SMALL * max(1, capacity) else "little"
 
 
 class ContextBuilder:
@@ -277,7 +284,8 @@ class ContextBuilder:
                      f"buffer fill {_pct(fill_share, 0)}")
         if c.lookahead > 0:
             miss = w.get("lookahead_missing")
-            lines.append(f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity)")
+            word = "" if miss is None else f": {missing_word(miss, cap)}"
+            lines.append(f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity{word})")
         if self.variant.signals:
             lines.append("signals: " + self._signals(w, prev))
         return "\n".join(lines)
