@@ -211,8 +211,8 @@ def table(rows: list[dict], best_clf: str | None) -> list[str]:
     by = {s["policy"]: s for s in rows}
     none, opt = by["none"], by["belady"]
     grid = [s for s in rows if s["policy"].startswith(("fixed", "lookahead"))]
-    best_rows = min(grid, key=lambda s: s["fetched_rows"])
-    best_hits = max(grid, key=lambda s: s["hits"])
+    best_rows = min(grid, key=lambda s: s["fetched_rows"], default=None)
+    best_hits = max(grid, key=lambda s: s["hits"], default=None)
     out = list(HEADER)
     for s in rows:
         if s["policy"].startswith(("fixed:", "lookahead:")) and s not in (best_rows, best_hits) \
@@ -237,10 +237,10 @@ def verdict(rows: list[dict]) -> dict:
     by = {s["policy"]: s for s in rows}
     opt = by["belady"]
     grid = [s for s in rows if s["policy"].startswith(("fixed", "lookahead"))]
-    best_rows = min(grid, key=lambda s: s["fetched_rows"])
     a = by.get("agent")
-    if a is None:
+    if a is None or not grid:
         return {}
+    best_rows = min(grid, key=lambda s: s["fetched_rows"])
     return {
         "agent_hits_of_belady": a["hits"] / max(opt["hits"], 1),
         "target_90pct_belady": a["hits"] >= 0.9 * opt["hits"],
