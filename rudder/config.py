@@ -66,6 +66,10 @@ class AgentConfig(Strict):
     max_tokens: int = Field(160, gt=0)
     prompt: str = "default"  # prompt variant, scored by `rudder agent eval`
     threads: int = Field(1, gt=0)  # llama.cpp threads; a trainer owns the other cores
+    # Before the first minibatch a trainer waits up to this long for its model to load and warm
+    # (start-up, not training: no minibatch ever waits on the agent). 0 = start at once; windows
+    # closed before the model is up then get no decision.
+    ready_timeout_s: float = Field(120.0, ge=0)
 
 
 class ClusterConfig(Strict):

@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps},
     )
     policy.setup(ctx)
+    t_ready = policy.wait_ready(cfg.agent.ready_timeout_s)  # the agent's model loading; others: 0
+    if t_ready > 0.05:
+        log.info("rank %d: policy ready after %.1f s", rank, t_ready)
+    ctx.extra["t_policy_ready"] = t_ready
     trace = None
     if pc.record_trace:  # also without a buffer: the oracle says what one would have saved
         from rudder.sim.trace import TraceWriter

@@ -261,6 +261,28 @@ def test_missing_model_fails_at_setup(tmp_path, monkeypatch):
         pol.setup(ctx())
 
 
+def test_wait_ready_blocks_only_until_the_model_is_loaded(monkeypatch):
+    """Start-up waits (bounded) for a slow-loading model; afterwards plan() never waits."""
+    import rudder.agent.models as models
+
+    def slow_load(cfg, url=None):
+        time.sleep(0.6)
+        return DecisionMaker(ScriptedBackend([answer()]), "fake", timeout_s=5.0)
+
+    monkeypatch.delenv("RUDDER_AGENT_URL", raising=False)
+    monkeypatch.setattr(models, "resolve_model", lambda m: None)
+    monkeypatch.setattr(DecisionMaker, "from_config", staticmethod(slow_load))
+    for timeout, waited in ((0.1, (0.08, 0.4)), (10.0, (0.5, 5.0))):
+        pol = AgentPolicy(PrefetchConfig(policy="agent", window=5), agent=AgentConfig())
+        pol.setup(ctx())
+        dt = pol.wait_ready(timeout)
+        assert waited[0] <= dt <= waited[1]  # a short timeout gives up; a long one returns when loaded
+        pol.observe({"global_step": 4}, win(0, 0.3, 700))
+        wait_outbox(pol)
+        assert pol.plan(step(5)) is not None  # the loaded model's replace decision applies
+        pol.close()
+
+
 def test_measure_and_reflect_tolerances():
     a = win(0, 0.40, 1000)
     assert measure(a, win(1, 0.409, 1019)) == (pytest.approx(0.009), pytest.approx(0.019))

@@ -106,9 +106,10 @@ def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):
 def test_agent_policy_end_to_end(tmp_path, data_root):
     """The LLM agent (real SmolLM2 through llama.cpp, one per trainer in-process) steering the
     lookahead replacement on 2 emulated machines: decisions, staleness and outcomes recorded."""
-    # small batches: enough minibatches (~75) for the model to load, warm up and answer
-    # (loading + warming the model takes ~5-10 s on a loaded 2-core host; the run must outlast it)
-    cfg = make_cfg(tmp_path, data_root, 2, "agent", epochs=20, prefetch_fraction=0.25, window=4)
+    # The trainer waits for the model to load and warm before its first minibatch (agent.
+    # ready_timeout_s); then ~1000 small minibatches (~20 s here) outlast a few answers of ~5 s
+    # each on a 2-core host shared by 2 trainers, 2 servers and 2 models.
+    cfg = make_cfg(tmp_path, data_root, 2, "agent", epochs=40, prefetch_fraction=0.25, window=4)
     cfg.train.batch_size = 200
     cfg.train.eval_every = 0
     cfg.agent.prompt = "zero-shot"  # the shortest prompt: quickest to warm up on 1 thread
@@ -117,6 +118,8 @@ def test_agent_policy_end_to_end(tmp_path, data_root):
     cfg.agent.backend = "inproc"
     res = execute_run(cfg)
     assert res.ok, res.reason
+    ctx = json.loads((res.run_dir / "context-r0.json").read_text())
+    assert ctx["extra"]["t_policy_ready"] > 0  # waited for the model before training, not during
     decisions = [d for r in range(2) for d in read_jsonl(res.run_dir / f"decisions-r{r}.jsonl")]
     assert decisions, "the agent made no decision"
     for d in decisions:

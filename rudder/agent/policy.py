@@ -114,6 +114,7 @@ class AgentPolicy(Policy):
         self._regime: Replace | None = None  # repeated by every plan() until the next decision
         self.dropped_windows = 0
         self._load_error: str | None = None
+        self._ready = threading.Event()  # set when the model is loaded and warmed (or failed to)
 
     # ---- Policy interface -----------------------------------------------------------------
     def setup(self, ctx: RunContext) -> None:
@@ -202,6 +203,12 @@ class AgentPolicy(Policy):
         if self.mechanism == "lookahead":
             self._regime = r  # held: the same round on every minibatch until the next decision
         return r
+
+    def wait_ready(self, timeout_s: float) -> float:
+        t0 = time.monotonic()
+        if not self._ready.wait(timeout_s):
+            log.warning("agent model not ready after %.0f s; training starts without it", timeout_s)
+        return time.monotonic() - t0
 
     def decisions(self) -> list[dict]:
         with self._lock:
@@ -295,6 +302,7 @@ class AgentPolicy(Policy):
             if self._maker is not None and self._maker.backend.name == "inproc":
                 dt = self._maker.warm(warm_prompt(self.agent_cfg.prompt))
                 log.info("agent model loaded and warmed in %.1f s", dt)
+        self._ready.set()
         while not self._stop.is_set():
             try:
                 item = self._inbox.get(timeout=0.2)

@@ -5,6 +5,7 @@ two minibatches, so they never see the buffer change under them.
 A policy is three small methods, each saying when it runs:
   - `setup(ctx)`        once, after the buffer is built (ctx: static facts of the run)
   - `plan(step)`        before each minibatch's features are assembled: replace now? how?
+  - `wait_ready(t)`     once, before training starts (a model loading); default: no wait
   - `observe(metrics)`  after each minibatch, with its measured metrics (and, every `window`
                         minibatches, the window aggregate)
 and `close()` at the end. Adding a policy = one class + one registry line (policies.py).
@@ -93,6 +94,12 @@ class Policy:
     def decisions(self) -> list[dict]:
         """Decision records (DECISION_FIELDS) completed since the last call."""
         return []
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Called once after setup, before the first minibatch: a policy with a slow start (the
+        agent loading its model) may block here, at most `timeout_s`. Returns seconds waited.
+        This is start-up, like DistDGL's own init; no minibatch ever waits on a policy."""
+        return 0.0
 
     def close(self) -> None:
         pass
