@@ -54,14 +54,8 @@ CONFIGS = {
 FRACTION = 0.25  # the replay capacity (x halo)
 TRAIN_FRACTIONS = (0.25, 0.5)  # trajectories at two capacities
 FIXED_GRID = "fixed:10,25,50,100"
-LOOKAHEAD_GRID = "lookahead:1,3,8:0.01,0.05,0.1,0.2:misses,any"
+LOOKAHEAD_GRID = "lookahead:1,3,8,16:0.01,0.05,0.1,0.2:misses,any"
 BASELINES = ["none", "static", *expand_grid(FIXED_GRID), *expand_grid(LOOKAHEAD_GRID), "lru"]
-
-# Training samples ahead for `collect` as for the other windowed policies (rudder/train.py),
-# so its replacements use the lookahead mechanism; the simulator must show it the same future.
-if "collect" not in sim.LOOKAHEAD_POLICIES:
-    sim.LOOKAHEAD_POLICIES = (*sim.LOOKAHEAD_POLICIES, "collect")
-
 
 PAUSE_FILE = "/tmp/rudder-quiet"  # while it exists someone is timing a benchmark on this host
 
@@ -170,8 +164,15 @@ def train(traj_dir: Path, models_dir: Path) -> dict:
 # ---- replay -------------------------------------------------------------------------------
 def replay(trace, source, policy: str, capacity: int, *, agent: dict | None = None,
            models_dir: str | None = None) -> dict:
-    """One replay's summary plus its decision statistics."""
-    spec = parse_policy(policy, sim._source_prefetch(source))
+    """One replay's summary plus its decision statistics. `agent@16` (also classifier:NAME@16):
+    the policy with the loader sampling 16 minibatches ahead instead of the trace config's depth."""
+    name, _, depth = policy.partition("@")
+    prefetch = sim._source_prefetch(source)
+    if depth:
+        from rudder.config import PrefetchConfig
+
+        prefetch = (prefetch or PrefetchConfig()).model_copy(update={"lookahead": int(depth)})
+    spec = parse_policy(name, prefetch)
     extra, wait = {}, 60.0
     if spec.base == "agent":
         extra = agent or {}
@@ -180,6 +181,8 @@ def replay(trace, source, policy: str, capacity: int, *, agent: dict | None = No
         extra = {"models_dir": models_dir, "cost": "rows"}
     res = simulate(trace, spec, capacity=capacity, source=source, extra=extra, agent_wait_s=wait)
     s = res.summary()
+    s["policy"] = policy  # with its @depth
+    s["depth"] = spec.prefetch.lookahead if spec.base in ("agent", "classifier", "lookahead") else None
     decs = res.decisions
     lat = [d["latency_s"] for d in decs if d.get("latency_s") is not None]
     judged = [d["correct"] for d in decs if d.get("correct") is not None]
@@ -234,20 +237,29 @@ def table(rows: list[dict], best_clf: str | None) -> list[str]:
 
 
 def verdict(rows: list[dict]) -> dict:
+    """Per agent replay (agent, agent@D): hits / Belady's, and rows against the best fixed or
+    lookahead setting in hindsight, both among settings sampling as deep as the agent's loader
+    (the depth is the run's, not the agent's choice) and over the whole grid."""
     by = {s["policy"]: s for s in rows}
     opt = by["belady"]
     grid = [s for s in rows if s["policy"].startswith(("fixed", "lookahead"))]
-    a = by.get("agent")
-    if a is None or not grid:
-        return {}
-    best_rows = min(grid, key=lambda s: s["fetched_rows"])
-    return {
-        "agent_hits_of_belady": a["hits"] / max(opt["hits"], 1),
-        "target_90pct_belady": a["hits"] >= 0.9 * opt["hits"],
-        "best_grid_by_rows": best_rows["policy"],
-        "agent_rows_over_best": a["fetched_rows"] / max(best_rows["fetched_rows"], 1),
-        "target_no_worse_than_best": a["fetched_rows"] <= best_rows["fetched_rows"],
-    }
+    out = {}
+    for a in (s for s in rows if s["policy"].split("@")[0] == "agent"):
+        if not grid:
+            break
+        same = [s for s in grid if s["policy"].startswith("fixed") or s.get("depth") == a.get("depth")]
+        best_all = min(grid, key=lambda s: s["fetched_rows"])
+        best_same = min(same or grid, key=lambda s: s["fetched_rows"])
+        out[a["policy"]] = {
+            "depth": a.get("depth"),
+            "hits_of_belady": round(a["hits"] / max(opt["hits"], 1), 3),
+            "target_90pct_belady": a["hits"] >= 0.9 * opt["hits"],
+            "best_same_depth_by_rows": best_same["policy"],
+            "rows_over_best_same_depth": round(a["fetched_rows"] / max(best_same["fetched_rows"], 1), 4),
+            "best_grid_by_rows": best_all["policy"],
+            "rows_over_best_grid": round(a["fetched_rows"] / max(best_all["fetched_rows"], 1), 4),
+        }
+    return out
 
 
 # ---- main ---------------------------------------------------------------------------------
@@ -312,7 +324,8 @@ def main() -> int:
         report["best_classifier"] = best
         policies = args.policies or [*BASELINES, *(f"classifier:{k}" for k in MODEL_KINDS), "agent", "belady"]
         yield_to(args.pause_file)
-        agent = load_agent(args.agent_model, args.agent_threads) if "agent" in policies else None
+        agent = load_agent(args.agent_model, args.agent_threads) \
+            if any(p.split("@")[0] == "agent" for p in policies) else None
         try:
             for name in args.configs:
                 trace, source = load_or_generate(args.trace_dir, name)
@@ -378,9 +391,8 @@ def write_report(report: dict, args) -> None:
         if onl:
             lines += ["", "Classifiers online (share of their decisions right by the label rule): " +
                       ", ".join(f"{s['policy'].split(':')[1]} {s['correct_share']:.2f}" for s in onl)]
-        ag = next((s for s in r["rows"] if s["policy"] == "agent"), None)
-        if ag:
-            lines += [f"Agent: Pass@1 {ag.get('pass_at_1')}, {ag['fallbacks']} fallbacks of {ag['decisions']} decisions"]
+        for ag in (s for s in r["rows"] if s["policy"].split("@")[0] == "agent"):
+            lines += [f"{ag['policy']}: Pass@1 {ag.get('pass_at_1')}, {ag['fallbacks']} fallbacks of {ag['decisions']} decisions"]
         if r.get("verdict"):
             lines += ["Verdict: " + json.dumps(r["verdict"])]
         codes: dict = {}

@@ -23,7 +23,10 @@ from rudder.runner import execute_run
 
 def bench_config(args, machines: int, bandwidth: str | None, **prefetch) -> RunConfig:
     """One benchmark run: `--max-steps` minibatches per epoch, no validation pass between epochs."""
+    agent = {"model": {"name": getattr(args, "agent_model", "qwen2.5-coder-0.5b")},
+             "backend": getattr(args, "agent_backend", "inproc")}
     return RunConfig.model_validate({
+        "agent": agent,
         "dataset": {"name": args.dataset},
         "train": {"epochs": args.epochs, "batch_size": args.batch_size,
                   "max_steps_per_epoch": args.max_steps, "eval_every": 0},
@@ -49,7 +52,15 @@ def summarize(run_dir: Path, ranks: int) -> dict:
         "t_fetch_share": sum(m["t_fetch"] for m in mbs) / t_mb if t_mb else 0.0,
         "val_acc": float(np.mean([e["val_acc"] for e in eps if e.get("val_acc") is not None] or [0])),
         "hits": hits,
+        # the policy's cost to the loader (plan + observe): for the agent, queue polls only
+        "policy_share": sum(m.get("t_policy") or 0.0 for m in mbs) / t_mb if t_mb else 0.0,
+        "policy_ms_max": 1e3 * max((m.get("t_policy") or 0.0 for m in mbs), default=0.0),
+        "stall_share": sum(m["t_stall"] for m in mbs) / t_mb if t_mb else 0.0,
     }
+    decisions = [d for r in range(ranks) for d in read_jsonl(run_dir / f"decisions-r{r}.jsonl")]
+    if decisions:
+        out["decisions"] = len(decisions)
+        out["applied"] = sum(d.get("applied_step") is not None for d in decisions)
     return out
 
 
@@ -76,6 +87,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--runs-dir", default="runs/bench")
+    ap.add_argument("--agent-model", default="qwen2.5-coder-0.5b", help="model of policy `agent`")
+    ap.add_argument("--agent-backend", default="inproc", choices=["inproc", "http"])
     ap.add_argument("--out", default="benchmarks/results/policies.md")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -103,19 +116,22 @@ def main() -> None:
         f"dataset {args.dataset}, bandwidth {args.bandwidth}, batch {args.batch_size}, "
         f"{args.epochs} epoch(s) x {args.max_steps} minibatches, 1 trainer/machine",
         "",
-        "| machines | fraction | policy | rows fetched / none | epoch time / none | %-hits | hits / Belady | buffer overhead | val acc |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| machines | fraction | policy | rows fetched / none | epoch time / none | %-hits | hits / Belady "
+        "| buffer overhead | policy time (share, max ms) | stall share | val acc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if isinstance(row[3], str):
-            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | | | | | |")
+            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | | | | | | | |")
             continue
         m, f, p, s, base = row
         rr = s["fetched_rows_per_epoch"] / base["fetched_rows_per_epoch"] if base else float("nan")
         tr = s["epoch_s"] / base["epoch_s"] if base else float("nan")
         hb = s["hits"] / s["belady_hits"] if s["belady_hits"] else float("nan")
-        lines.append(f"| {m} | {f} | {p} | {rr:.2f} | {tr:.2f} | {100 * s['hit_rate']:.1f} | {hb:.2f} | "
-                     f"{100 * s['buffer_share']:.1f}% | {s['val_acc']:.3f} |")
+        label = f"{p} ({s['applied']}/{s['decisions']} decisions applied)" if "decisions" in s else p
+        lines.append(f"| {m} | {f} | {label} | {rr:.2f} | {tr:.2f} | {100 * s['hit_rate']:.1f} | {hb:.2f} | "
+                     f"{100 * s['buffer_share']:.1f}% | {100 * s['policy_share']:.2f}%, {s['policy_ms_max']:.1f} | "
+                     f"{100 * s['stall_share']:.1f}% | {s['val_acc']:.3f} |")
     text = "\n".join(lines)
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ class Minibatch:
     window: dict | None = None  # the window record this minibatch closed, if any
     stall: float = 0.0  # seconds the training thread waited for this minibatch
     mismatched_rows: int = 0  # check mode: rows that differ from a direct pull
+    t_policy: float = 0.0  # seconds the loader spent in policy.plan + policy.observe
 
 
 @dataclass
@@ -142,7 +143,9 @@ class MinibatchPipeline:
                 stale_slots=buf.stale_count() if buf is not None else 0,
                 buffer_fill=buf.size if buf is not None else 0,
             )
+            t_pol = time.perf_counter()
             plan = self.policy.plan(info) if buf is not None else None
+            t_pol = time.perf_counter() - t_pol  # the agent's cost to training: queue polls only
             if self.trace_writer is not None:
                 self.trace_writer.add(epoch, remote, input_rows=int(input_nodes.numel()))
             x, stats = self.feats.fetch(input_nodes, plan, future)
@@ -157,6 +160,8 @@ class MinibatchPipeline:
                 "t_compute": self.state.last_t_compute, "t_stall": self.state.last_t_stall,
             }
             window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future))
+            t_obs = time.perf_counter()
             self.policy.observe(record, window)
+            t_pol += time.perf_counter() - t_obs
             self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
-                                  window, mismatched_rows=bad))
+                                  window, mismatched_rows=bad, t_policy=t_pol))

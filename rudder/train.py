@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from rudder.prefetch.buffer import HaloBuffer, choose_initial
     from rudder.prefetch.features import BufferedFeatures
     from rudder.prefetch.metrics import MetricsCollector
-    from rudder.prefetch.policies import make_policy
+    from rudder.prefetch.policies import LOOKAHEAD_POLICIES, make_policy
     from rudder.prefetch.policy import RunContext
     from rudder.records import JsonlWriter
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = TraceWriter(args.run_dir / f"trace-r{rank}.npz", halo=halo, init=init,
                             capacity=capacity, feat_bytes=feats.row_bytes, part_id=part_id,
                             num_parts=pb.num_partitions(), flush_every=200)
-    lookahead = pc.lookahead if pc.policy.startswith(("lookahead", "agent", "classifier", "collect")) else 0
+    lookahead = pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
     pipe = MinibatchPipeline(
         lambda epoch: train_loader, feats, labels, policy, MetricsCollector(pc.window),
         steps_per_epoch, tc.epochs, lookahead, trace_writer=trace, check=args.check or tc.check_features,
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for epoch in range(tc.epochs):
         model.train()
         t_epoch = time.perf_counter()
-        agg = dict(t_sample=0.0, t_fetch=0.0, t_buffer=0.0, t_compute=0.0, t_stall=0.0, loss=0.0,
+        agg = dict(t_sample=0.0, t_fetch=0.0, t_buffer=0.0, t_compute=0.0, t_stall=0.0, t_policy=0.0, loss=0.0,
                    input_rows=0, remote_rows=0, hits=0, fetched_rows=0, fetched_bytes=0, replaced_rows=0)
         correct = total = n = 0
         for mb in pipe.epoch(epoch):
@@ -172,13 +172,14 @@ def main(argv: list[str] | None = None) -> int:
             total += int(mb.labels.numel())
             rec = {"epoch": epoch, "step": mb.step, "global_step": mb.global_step, "t_sample": mb.t_sample,
                    **mb.stats.as_dict(), "hit_rate": mb.stats.hits / mb.stats.remote_rows if mb.stats.remote_rows else 0.0,
-                   "t_compute": t_compute, "t_stall": mb.stall, "loss": float(loss)}
+                   "t_compute": t_compute, "t_stall": mb.stall, "loss": float(loss),
+                   "t_policy": mb.t_policy}  # extra field (kept in the store's `extra` column)
             out["minibatches"].write(rec)
             if mb.window is not None:
                 out["windows"].write(mb.window)
             for d in policy.decisions():
                 out["decisions"].write(d)
-            for k in ("t_sample", "t_fetch", "t_buffer", "t_compute", "t_stall", "input_rows", "remote_rows",
+            for k in ("t_sample", "t_fetch", "t_buffer", "t_compute", "t_stall", "t_policy", "input_rows", "remote_rows",
                       "hits", "fetched_rows", "fetched_bytes", "replaced_rows"):
                 agg[k] += rec[k]
             agg["loss"] += float(loss)
@@ -191,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
               "train_acc": correct / max(total, 1), "val_acc": val_acc, "minibatches": n,
               "initial_fill_rows": init_rows if epoch == 0 else 0, "t_initial_fill": t_init if epoch == 0 else 0.0}
         out["epochs"].write(er)
-        log.info("epoch %d: %.2fs (sample %.2f | fetch %.2f | buffer %.3f | compute %.2f | stall %.2f) "
+        log.info("epoch %d: %.2fs (sample %.2f | fetch %.2f | buffer %.3f | policy %.4f | compute %.2f | stall %.2f) "
                  "loss %.3f train %.3f val %s hit %.3f fetched %d/%d remote rows",
-                 epoch, t_epoch, agg["t_sample"], agg["t_fetch"], agg["t_buffer"], agg["t_compute"],
+                 epoch, t_epoch, agg["t_sample"], agg["t_fetch"], agg["t_buffer"], agg["t_policy"], agg["t_compute"],
                  agg["t_stall"], er["loss"], er["train_acc"], f"{val_acc:.3f}" if val_acc is not None else "-",
                  agg["hits"] / max(agg["remote_rows"], 1), agg["fetched_rows"], agg["remote_rows"])
     policy.close()

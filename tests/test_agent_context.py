@@ -28,7 +28,7 @@ def test_static_context_has_run_facts_and_budgets():
     for needle in ["200,000 nodes", "4 partitions", "rank 1 of 4", "40,000 halo", "10,000 rows", "25% of halo",
                    "fanouts 10,25", "50 minibatches per epoch", "next 3 minibatches", "window 10"]:
         assert needle in s, needle
-    assert f"small {budget_rows('small', 10_000):,} rows" in s and "large 1,500" in s
+    assert f"small {budget_rows('small', 10_000):,} rows" in s and "large 2,000" in s
     assert "Rules of thumb" in b.system and "hit_rate" in b.system
     p = b.build(WINDOW)
     assert p.messages[-1]["content"].startswith(s)

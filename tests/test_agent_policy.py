@@ -128,7 +128,7 @@ def test_massivegnn_mechanism_without_lookahead():
     r = pol.plan(step(5))
     later = [pol.plan(step(g)) for g in range(6, 10)]
     pol.close()
-    assert r.mechanism == "massivegnn" and r.max_rows == 150 and r.source == "agent#1"
+    assert r.mechanism == "massivegnn" and r.max_rows == 200 and r.source == "agent#1"
     assert later == [None] * 4
 
 
@@ -159,8 +159,8 @@ def test_lookahead_replace_decision_holds_a_round_every_minibatch_until_the_next
     for g in range(10, 15):  # #2 arrives at step 10 and takes over
         assert plans[g] == Replace("lookahead", 50, "agent#2"), g
     assert [plans[g] for g in range(15, 20)] == [None] * 5  # #3 keep: no rounds at all
-    for g in range(20, 25):  # #4 large = 150 rows
-        assert plans[g] == Replace("lookahead", 150, "agent#4"), g
+    for g in range(20, 25):  # #4 large = 200 rows
+        assert plans[g] == Replace("lookahead", 200, "agent#4"), g
     recs = {r["decision"]: r for r in pol.decisions()}
     assert [recs[n]["applied_step"] for n in (1, 2, 3, 4)] == [5, 10, 15, 20]  # applied once each
 

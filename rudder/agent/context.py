@@ -119,10 +119,10 @@ Metrics of a window of minibatches:
 Action: replace or keep; it holds until your next decision (one per window).
 - lookahead on: replace runs a round before EVERY minibatch until your next decision; a round puts nodes the next minibatches need, taken from rows that minibatch fetches anyway, into slots they do not need (at most the budget per round). It adds no network rows. keep runs none.
 - lookahead off: replace runs one round now: stale slots get the most-missed nodes, fetched as extra rows (at most the budget).
-Budget per round: small = 1%, medium = 5%, large = 15% of capacity.
+Budget per round: small = 1%, medium = 5%, large = 20% of capacity.
 Rules of thumb:
 - First check whether lookahead is on or off.
-- lookahead on: replacing costs no rows and follows what is known to come: replace when much is missing ahead (5% of capacity or more); keep when little is.
+- lookahead on: replacing costs no rows and follows what is known to come: replace with the large budget when much is missing ahead (5% of capacity or more); keep when little is.
 - lookahead off: minibatches are shuffled, so nodes missed in the past rarely come back soon and the extra rows seldom pay: keep.
 - After a useful replacement expect hit_rate up and fetched rows down; after keeping, expect flat.
 - If a past prediction failed, change course.
@@ -180,7 +180,7 @@ CANNED: list[dict[str, Any]] = [
                    "remote_rows": 120000, "fetched_rows": 93600, "replaced_rows": 0, "stale_slots": 5500,
                    "buffer_fill": 10000, "lookahead_missing": 6000, "lookahead_rows": 500},
         "recent": [0.30, 0.26],
-        "answer": {"replace": True, "budget": "medium",
+        "answer": {"replace": True, "budget": "large",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
     },
     {

@@ -18,8 +18,10 @@ Budget = Literal["small", "medium", "large"]
 
 # Share of buffer capacity one replacement may change, per budget word. 5% is the lookahead
 # policy's default per-round cap (PrefetchConfig.budget); 1% is a nudge that costs almost nothing;
-# 15% refreshes a sizeable part yet bounds what one wrong answer can flush out of the buffer.
-BUDGET_SHARE: dict[str, float] = {"small": 0.01, "medium": 0.05, "large": 0.15}
+# 20% refreshes a sizeable part yet bounds what one wrong answer can flush out of the buffer (with
+# lookahead and demand admission a round adds no rows, and the trace replays of BENCHMARKS.md §7
+# found the largest per-round cap of the grid, 20%, best on the small graph).
+BUDGET_SHARE: dict[str, float] = {"small": 0.01, "medium": 0.05, "large": 0.2}
 
 # A short reason keeps latency low and the answer inside max_tokens (160 by default) even when a
 # small model degenerates into one-character tokens ("1.1.1..." was seen with SmolLM2).

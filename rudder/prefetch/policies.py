@@ -79,6 +79,11 @@ REGISTRY: dict[str, Callable[[PrefetchConfig, dict], Policy]] = {
 }
 
 
+# Policies whose runs sample minibatches ahead (prefetch.lookahead deep) for the lookahead round;
+# training and the simulator read this one tuple.
+LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier", "collect")
+
+
 def check_policy_name(name: str) -> None:
     base = name.split(":", 1)[0]
     if base not in REGISTRY:

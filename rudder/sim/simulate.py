@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from rudder.prefetch.buffer import HaloBuffer
+from rudder.prefetch.policies import LOOKAHEAD_POLICIES
 from rudder.records import EPOCH_FIELDS, MINIBATCH_FIELDS, JsonlWriter, host_info, versions, write_json_atomic
 from rudder.sim.caches import CACHES, make_cache
 from rudder.sim.trace import Trace, find_traces
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 ORACLES = ("belady",)
 DEFAULT_WINDOW = 10  # PrefetchConfig.window's default: windows of the non-buffer replays
 # the pipeline samples ahead only for these (rudder.train): others see no future
-LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier")
 
 
 def buffer_policies() -> list[str]:
