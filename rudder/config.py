@@ -61,7 +61,9 @@ class AgentConfig(Strict):
     # A later answer is dropped and the fallback applies. Reading the prompt dominates latency on
     # CPUs (~15-40 tokens/s on a busy 2-core host): 20 s made most answers fall back there.
     timeout_s: float = Field(60.0, gt=0)
-    fallback: Literal["static", "fixed", "lookahead"] = "static"  # applies on a bad/late answer
+    # Steers before the first answer and after a bad/late one. auto = lookahead when the run
+    # samples ahead (prefetch.lookahead > 0), else static.
+    fallback: Literal["auto", "static", "fixed", "lookahead"] = "auto"
     history: int = Field(4, ge=0)  # past decisions (with outcomes) shown to the model
     max_tokens: int = Field(160, gt=0)
     prompt: str = "default"  # prompt variant, scored by `rudder agent eval`

@@ -127,7 +127,7 @@ def test_validate_rejects_late_even_if_valid():
 
 
 def test_unknown_fallback_rejected():
-    with pytest.raises(ValueError, match="valid: static"):
+    with pytest.raises(ValueError, match="valid: auto, static"):
         DecisionMaker(HttpBackend("http://127.0.0.1:1"), "m", fallback="agent")
 
 

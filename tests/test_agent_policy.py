@@ -283,6 +283,24 @@ def test_wait_ready_blocks_only_until_the_model_is_loaded(monkeypatch):
         pol.close()
 
 
+def test_fallback_steers_until_the_first_answer():
+    """auto: with lookahead the lookahead policy steers before the model's first answer (and the
+    answer then takes over); without lookahead, static (no rounds)."""
+    pol = make(ScriptedBackend([answer(False, "small", "flat", "flat")], delay=0.3), fallback="auto")
+    pol.setup(ctx(lookahead=3, capacity=1000))
+    r = pol.plan(step(0))
+    assert r is not None and r.mechanism == "lookahead" and r.source == "fallback:lookahead"
+    pol.observe({"global_step": 4}, win(0, 0.3, 700))
+    assert pol.plan(step(5)).source == "fallback:lookahead"  # the answer is still on its way
+    assert pol.wait_for_decision(5.0)
+    assert pol.plan(step(6)) is None  # the answer (keep) took over
+    pol.close()
+    pol = make(ScriptedBackend([answer()]), fallback="auto")
+    pol.setup(ctx(lookahead=0))
+    assert pol.plan(step(0)) is None and pol.agent_cfg.fallback == "static"
+    pol.close()
+
+
 def test_measure_and_reflect_tolerances():
     a = win(0, 0.40, 1000)
     assert measure(a, win(1, 0.409, 1019)) == (pytest.approx(0.009), pytest.approx(0.019))

@@ -42,6 +42,16 @@ N_CTX = 4096  # prompt (~1-1.5k tokens with examples) + answer fit with room to 
 FALLBACKS = ("static", "fixed", "lookahead")
 
 
+def resolve_fallback(name: str, lookahead: int = 0) -> str:
+    """AgentConfig.fallback "auto": the lookahead policy when the run samples ahead (the best
+    known baseline there), else static (a MassiveGNN round without a model seldom pays)."""
+    if name == "auto":
+        return "lookahead" if lookahead > 0 else "static"
+    if name not in FALLBACKS:
+        raise ValueError(f"agent fallback {name!r} not usable; valid: auto, {', '.join(FALLBACKS)}")
+    return name
+
+
 @dataclass
 class Completion:
     text: str
@@ -172,8 +182,7 @@ class DecisionMaker:
 
     def __init__(self, backend: Backend, model: str, fallback: str = "static", max_tokens: int = 160,
                  timeout_s: float = 20.0):
-        if fallback not in FALLBACKS:
-            raise ValueError(f"agent fallback {fallback!r} not usable; valid: {', '.join(FALLBACKS)}")
+        fallback = resolve_fallback(fallback)
         self.backend = backend
         self.model = model
         self.fallback = fallback

@@ -18,8 +18,9 @@ the training loop.
   - massivegnn mechanism (no lookahead): replace=true runs one round when the decision arrives
     (a MassiveGNN round swaps every stale slot at once: repeating it each minibatch would only
     churn); replace=false runs none.
-- A fallback decision (bad/late answer) hands steering to the fallback policy (static by
-  default) until the next valid answer (it also ends a replace regime).
+- The fallback policy (agent.fallback; auto = lookahead when the run samples ahead, else static)
+  steers until the first answer arrives, and after a fallback decision (bad/late answer) until
+  the next valid one (a fallback also ends a replace regime).
 - Self-reflection: when the next window after an applied decision closes, the predicted
   directions are compared with the measured ones (hit rate: flat = |delta| < 1 pt; fetched rows
   per minibatch: flat = |relative delta| < 2%); `correct` = both came true. The record keeps both
@@ -39,7 +40,7 @@ from collections import deque
 from typing import Any
 
 from rudder.agent.context import ContextBuilder, per_minibatch
-from rudder.agent.decision import FALLBACKS, DecisionMaker, warm_prompt
+from rudder.agent.decision import DecisionMaker, resolve_fallback, warm_prompt
 from rudder.agent.messages import Decision, HistoryEntry, budget_rows
 from rudder.config import AgentConfig, PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
@@ -110,7 +111,7 @@ class AgentPolicy(Policy):
         self._judged: list[bool] = []  # correct flags, for Pass@1
         self._n = 0
         self._last_step = -1
-        self._fallback_active = False
+        self._fallback_active = True  # until the first answer: the model may still be loading
         self._regime: Replace | None = None  # repeated by every plan() until the next decision
         self.dropped_windows = 0
         self._load_error: str | None = None
@@ -119,9 +120,10 @@ class AgentPolicy(Policy):
     # ---- Policy interface -----------------------------------------------------------------
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
-        a = self.agent_cfg
-        if a.fallback not in FALLBACKS:
-            raise ValueError(f"agent.fallback {a.fallback!r} not usable; valid: {', '.join(FALLBACKS)}")
+        fb = resolve_fallback(self.agent_cfg.fallback, ctx.lookahead)
+        self.agent_cfg = a = self.agent_cfg.model_copy(update={"fallback": fb})
+        if self._maker is not None:
+            self._maker.fallback = fb  # its records name the policy that actually steers
         self.builder = ContextBuilder(ctx, a.prompt, a.history)
         self.mechanism = "lookahead" if ctx.lookahead > 0 else "massivegnn"
         from rudder.prefetch.policies import make_policy
