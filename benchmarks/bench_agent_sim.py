@@ -236,6 +236,14 @@ def table(rows: list[dict], best_clf: str | None) -> list[str]:
     return out
 
 
+def depth_of(s: dict) -> int | None:
+    """Minibatches sampled ahead in a replay: recorded, or read from a lookahead:DEPTH name."""
+    if s.get("depth") is not None:
+        return s["depth"]
+    parts = s["policy"].split(":")
+    return int(parts[1]) if parts[0] == "lookahead" and len(parts) > 1 else None
+
+
 def verdict(rows: list[dict]) -> dict:
     """Per agent replay (agent, agent@D): hits / Belady's, and rows against the best fixed or
     lookahead setting in hindsight, both among settings sampling as deep as the agent's loader
@@ -247,7 +255,7 @@ def verdict(rows: list[dict]) -> dict:
     for a in (s for s in rows if s["policy"].split("@")[0] == "agent"):
         if not grid:
             break
-        same = [s for s in grid if s["policy"].startswith("fixed") or s.get("depth") == a.get("depth")]
+        same = [s for s in grid if s["policy"].startswith("fixed") or depth_of(s) == a.get("depth")]
         best_all = min(grid, key=lambda s: s["fetched_rows"])
         best_same = min(same or grid, key=lambda s: s["fetched_rows"])
         out[a["policy"]] = {
@@ -320,7 +328,7 @@ def main() -> int:
     if "replay" in args.steps:
         from rudder.agent.classifiers import MODEL_KINDS
 
-        best = best_classifier(models_dir)
+        best = best_classifier(models_dir) or report.get("best_classifier")  # models may be gone
         report["best_classifier"] = best
         policies = args.policies or [*BASELINES, *(f"classifier:{k}" for k in MODEL_KINDS), "agent", "belady"]
         yield_to(args.pause_file)
