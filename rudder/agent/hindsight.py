@@ -123,6 +123,25 @@ def sim_context(run_dir: str | Path, rank: int = 0) -> dict:
     return d
 
 
+def _fallback_plan(run_dir: Path, ctx, pc, capacity: int, admit: str):
+    """The round the run's fallback policy asks for on every minibatch it steers: the lookahead
+    policy's (budget x capacity rows), or none for static. A fixed-period fallback is not
+    replayed (its rounds depend on the step; the divergence check would catch it anyway)."""
+    from rudder.agent.decision import resolve_fallback
+    from rudder.prefetch.policy import Replace
+
+    meta = json.loads((run_dir / "run.json").read_text())
+    name = ((meta.get("config") or {}).get("agent") or {}).get("fallback", "auto")
+    if (meta.get("config") or {}).get("prefetch", {}).get("policy", "agent") != "agent":
+        return None  # windowed classifier policies have no fallback: nothing before a decision
+    name = resolve_fallback(name, ctx.lookahead)
+    if name == "static":
+        return None
+    if name == "lookahead":
+        return Replace("lookahead", max(1, int(round(pc.budget * capacity))), "fallback:lookahead", admit)
+    raise ValueError(f"{run_dir}: the counterfactual replays fallback static or lookahead, not {name!r}")
+
+
 def _rows(budget: Any, capacity: int) -> int:
     if isinstance(budget, str):
         return budget_rows(budget, capacity)
@@ -147,8 +166,8 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
     mech = "lookahead" if ctx.lookahead > 0 else "massivegnn"
     admit = getattr(pc, "admit", "misses")
     decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
-    applied = {int(d["applied_step"]): d for d in decisions
-               if d.get("applied_step") is not None and not d.get("fallback")}
+    applied = {int(d["applied_step"]): d for d in decisions if d.get("applied_step") is not None}
+    fallback_plan = _fallback_plan(run_dir, ctx, pc, C, admit)
     if budget is None:
         budget = next((d["budget"] for d in decisions if d.get("replace") and d.get("budget")),
                       pc.budget)
@@ -177,9 +196,11 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
     if init.size:
         buf.fill(torch.from_numpy(np.sort(init)))
     out: dict[int, dict] = {}
-    regime = None
+    regime = fallback_plan  # the fallback steers until the first answer (AgentPolicy)
     for g in range(S):
-        if g in applied:  # the run's own action, as the agent / windowed policies apply it
+        if g in applied and applied[g].get("fallback"):  # a bad/late answer: the fallback again
+            regime = plan = fallback_plan
+        elif g in applied:  # the run's own action, as the agent / windowed policies apply it
             d = applied[g]
             regime = None
             plan = None
