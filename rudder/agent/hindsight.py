@@ -123,23 +123,19 @@ def sim_context(run_dir: str | Path, rank: int = 0) -> dict:
     return d
 
 
-def _fallback_plan(run_dir: Path, ctx, pc, capacity: int, admit: str):
-    """The round the run's fallback policy asks for on every minibatch it steers: the lookahead
-    policy's (budget x capacity rows), or none for static. A fixed-period fallback is not
-    replayed (its rounds depend on the step; the divergence check would catch it anyway)."""
+def _fallback_policy(run_dir: Path, ctx, pc):
+    """The policy that steered an agent run before its first answer and after bad ones (set up
+    as AgentPolicy sets it up), or None for runs of other windowed policies (no fallback)."""
     from rudder.agent.decision import resolve_fallback
-    from rudder.prefetch.policy import Replace
+    from rudder.prefetch.policies import make_policy
 
-    meta = json.loads((run_dir / "run.json").read_text())
-    name = ((meta.get("config") or {}).get("agent") or {}).get("fallback", "auto")
-    if (meta.get("config") or {}).get("prefetch", {}).get("policy", "agent") != "agent":
-        return None  # windowed classifier policies have no fallback: nothing before a decision
-    name = resolve_fallback(name, ctx.lookahead)
-    if name == "static":
+    cfg = json.loads((run_dir / "run.json").read_text()).get("config") or {}
+    if (cfg.get("prefetch") or {}).get("policy", "agent") != "agent":
         return None
-    if name == "lookahead":
-        return Replace("lookahead", max(1, int(round(pc.budget * capacity))), "fallback:lookahead", admit)
-    raise ValueError(f"{run_dir}: the counterfactual replays fallback static or lookahead, not {name!r}")
+    name = resolve_fallback((cfg.get("agent") or {}).get("fallback", "auto"), ctx.lookahead)
+    pol = make_policy(pc.model_copy(update={"policy": name}))
+    pol.setup(ctx)
+    return pol
 
 
 def _rows(budget: Any, capacity: int) -> int:
@@ -157,7 +153,7 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
     import numpy as np
     import torch
 
-    from rudder.prefetch.policy import Replace
+    from rudder.prefetch.policy import Replace, StepInfo
     from rudder.prefetch.step import begin_step, finish_step
     from rudder.sim.simulate import PositionBuffer, _epoch_ends, position_ids
 
@@ -167,7 +163,7 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
     admit = getattr(pc, "admit", "misses")
     decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
     applied = {int(d["applied_step"]): d for d in decisions if d.get("applied_step") is not None}
-    fallback_plan = _fallback_plan(run_dir, ctx, pc, C, admit)
+    fallback = _fallback_policy(run_dir, ctx, pc)
     if budget is None:
         budget = next((d["budget"] for d in decisions if d.get("replace") and d.get("budget")),
                       pc.budget)
@@ -196,20 +192,21 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
     if init.size:
         buf.fill(torch.from_numpy(np.sort(init)))
     out: dict[int, dict] = {}
-    regime = fallback_plan  # the fallback steers until the first answer (AgentPolicy)
+    regime = None
+    in_fallback = fallback is not None  # the fallback steers until the first answer (AgentPolicy)
     for g in range(S):
-        if g in applied and applied[g].get("fallback"):  # a bad/late answer: the fallback again
-            regime = plan = fallback_plan
-        elif g in applied:  # the run's own action, as the agent / windowed policies apply it
+        if g in applied:  # the run's own action, as the agent / windowed policies apply it
             d = applied[g]
-            regime = None
-            plan = None
-            if d.get("replace"):
+            regime = plan = None
+            in_fallback = bool(d.get("fallback")) and fallback is not None  # a bad/late answer
+            if d.get("replace") and not d.get("fallback"):
                 plan = Replace(mech, _rows(d.get("budget") or budget, C), "replay", admit)
                 if mech == "lookahead":
                     regime = plan
         else:
             plan = regime
+        if in_fallback:
+            plan = fallback.plan(StepInfo(epoch=0, step=g, global_step=g, remaining_steps=S - g))
         h, _, _ = step(buf, g, plan)
         if g < len(recorded) and h != recorded[g]:
             raise RuntimeError(f"{run_dir} rank {rank}: replay diverged at minibatch {g} "
