@@ -46,6 +46,32 @@ def statuses(tmp_path: Path) -> dict[str, str]:
     return out
 
 
+def study_processes(tmp_path: Path, tree: list[psutil.Process] = ()) -> list[psutil.Process]:
+    """What a study under tmp_path has running: `tree`, processes naming the study's folder in
+    their command line, and the members of their process groups (the worker pool's spawned
+    workers name no folder: only their output files are there)."""
+    import os
+
+    found = {p.pid: p for p in tree if p.is_running()}
+    for p in psutil.process_iter(["cmdline"]):
+        if str(tmp_path) in " ".join(p.info["cmdline"] or []):
+            found[p.pid] = p
+    groups = set()
+    for pid in list(found):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            found.pop(pid)
+    groups.discard(os.getpgrp())  # never the test's own group
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) in groups:
+                found[p.pid] = p
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return list(found.values())
+
+
 def stop_tree(procs: list[psutil.Process]) -> None:
     """SIGTERM each (by pid), then SIGKILL whatever is left after a grace period."""
     for p in procs:
@@ -87,11 +113,7 @@ def test_study_killed_midway_resumes(tmp_path):
     # what the killed study left running is stopped by pid: its children (the interchange) and
     # what was detached from it (the LocalProvider's worker pool, the run in progress and its
     # machines), found by the study's folder in their command lines
-    orphans = {p.pid: p for p in tree if p.is_running()}
-    for p in psutil.process_iter(["cmdline"]):
-        if str(tmp_path) in " ".join(p.info["cmdline"] or []):
-            orphans[p.pid] = p
-    stop_tree(list(orphans.values()))
+    stop_tree(study_processes(tmp_path, tree))
     before = statuses(tmp_path)
     complete_before = {k for k, v in before.items() if v == "complete"}
     assert len(complete_before) == 1, before
@@ -117,6 +139,5 @@ def test_study_killed_midway_resumes(tmp_path):
     assert "skipped" in second.stdout and "done" in second.stdout  # the summary table
     print(f"first run complete after {first_done:.0f} s; rerun (1 skipped, 1 run) {rerun_s:.0f} s")
     # nothing of either study is left running
-    left = [p for p in psutil.process_iter(["cmdline"])
-            if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-    assert not left, [" ".join(p.info["cmdline"]) for p in left]
+    left = study_processes(tmp_path)
+    assert not left, [" ".join(p.cmdline()) for p in left]
