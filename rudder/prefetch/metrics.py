@@ -64,7 +64,9 @@ class MetricsCollector:
 def buffer_state(buf, future: list[torch.Tensor]) -> dict:
     """Window fields from the buffer: fill, stale slots, and what the known future lacks
     (`lookahead_missing` halo nodes of the sampled-ahead minibatches not buffered;
-    `lookahead_rows`: what a replacement now would cost, at most the capacity)."""
+    `lookahead_rows`: how many of them one round could admit, at most the capacity; these are
+    extra network rows only under admit=any, while an admit=misses round takes them from rows
+    the minibatch pulls anyway and adds none)."""
     if buf is None:
         return {}
     missing = 0
