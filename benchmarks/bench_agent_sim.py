@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rudder.agent.decision import DecisionMaker, warm_prompt  # noqa: E402
 from rudder.config import AgentConfig, ModelConfig  # noqa: E402
+from rudder.prefetch.policies import LOOKAHEAD_POLICIES  # noqa: E402
 from rudder.sim import simulate as sim  # noqa: E402
 from rudder.sim.simulate import expand_grid, load_source, parse_policy, rank_source, simulate  # noqa: E402
 from rudder.sim.tracegen import TraceGenSpec, generate_trace, write_tracegen  # noqa: E402
@@ -182,7 +183,7 @@ def replay(trace, source, policy: str, capacity: int, *, agent: dict | None = No
     res = simulate(trace, spec, capacity=capacity, source=source, extra=extra, agent_wait_s=wait)
     s = res.summary()
     s["policy"] = policy  # with its @depth
-    s["depth"] = spec.prefetch.lookahead if spec.base in ("agent", "classifier", "lookahead") else None
+    s["depth"] = spec.prefetch.lookahead if spec.base in LOOKAHEAD_POLICIES else None
     decs = res.decisions
     lat = [d["latency_s"] for d in decs if d.get("latency_s") is not None]
     judged = [d["correct"] for d in decs if d.get("correct") is not None]

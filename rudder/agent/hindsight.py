@@ -126,16 +126,12 @@ def sim_context(run_dir: str | Path, rank: int = 0) -> dict:
 def _fallback_policy(run_dir: Path, ctx, pc):
     """The policy that steered an agent run before its first answer and after bad ones (set up
     as AgentPolicy sets it up), or None for runs of other windowed policies (no fallback)."""
-    from rudder.agent.decision import resolve_fallback
-    from rudder.prefetch.policies import make_policy
+    from rudder.agent.policy import fallback_policy
 
     cfg = json.loads((run_dir / "run.json").read_text()).get("config") or {}
     if (cfg.get("prefetch") or {}).get("policy", "agent") != "agent":
         return None
-    name = resolve_fallback((cfg.get("agent") or {}).get("fallback", "auto"), ctx.lookahead)
-    pol = make_policy(pc.model_copy(update={"policy": name}))
-    pol.setup(ctx)
-    return pol
+    return fallback_policy((cfg.get("agent") or {}).get("fallback", "auto"), pc, ctx)
 
 
 def _rows(budget: Any, capacity: int) -> int:

@@ -89,6 +89,17 @@ def service_url(cfg: AgentConfig) -> str | None:
     return url
 
 
+def fallback_policy(name: str, cfg: PrefetchConfig, ctx: RunContext) -> Policy:
+    """The policy that steers before the first answer and after bad ones (`name` as in
+    AgentConfig.fallback, "auto" resolved for this run), set up: AgentPolicy uses it, and the
+    hindsight replay builds the same one to reproduce a run."""
+    from rudder.prefetch.policies import make_policy
+
+    pol = make_policy(cfg.model_copy(update={"policy": resolve_fallback(name, ctx.lookahead)}))
+    pol.setup(ctx)
+    return pol
+
+
 class AgentPolicy(Policy):
     name = "agent"
     records_decisions = True
@@ -126,10 +137,7 @@ class AgentPolicy(Policy):
             self._maker.fallback = fb  # its records name the policy that actually steers
         self.builder = ContextBuilder(ctx, a.prompt, a.history)
         self.mechanism = "lookahead" if ctx.lookahead > 0 else "massivegnn"
-        from rudder.prefetch.policies import make_policy
-
-        self.fallback = make_policy(self.cfg.model_copy(update={"policy": a.fallback}))
-        self.fallback.setup(ctx)
+        self.fallback = fallback_policy(fb, self.cfg, ctx)
         if self._maker is None:
             if self._url or a.backend == "http":
                 self._maker = DecisionMaker.from_config(a, url=self._url)
