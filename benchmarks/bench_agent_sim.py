@@ -55,7 +55,7 @@ CONFIGS = {
 FRACTION = 0.25  # the replay capacity (x halo)
 TRAIN_FRACTIONS = (0.25, 0.5)  # trajectories at two capacities
 FIXED_GRID = "fixed:10,25,50,100"
-LOOKAHEAD_GRID = "lookahead:1,3,8,16:0.01,0.05,0.1,0.2:misses,any"
+LOOKAHEAD_GRID = "lookahead:1,3,8,16:0.01,0.05,0.1,0.2,0.5,1.0:misses,any"
 BASELINES = ["none", "static", *expand_grid(FIXED_GRID), *expand_grid(LOOKAHEAD_GRID), "lru"]
 
 PAUSE_FILE = "/tmp/rudder-quiet"  # while it exists someone is timing a benchmark on this host

@@ -1,10 +1,11 @@
 """ContextBuilder: static facts, window, history and prompt variants."""
 import json
+import re
 
 import pytest
 
 from rudder.agent.context import VARIANTS, ContextBuilder, direction, hindsight_example
-from rudder.agent.messages import Answer, HistoryEntry, answer_schema, budget_rows
+from rudder.agent.messages import REASON_MAX_CHARS, Answer, HistoryEntry, answer_schema, budget_rows, conclusion
 from rudder.prefetch.policy import RunContext
 
 
@@ -28,7 +29,7 @@ def test_static_context_has_run_facts_and_budgets():
     for needle in ["200,000 nodes", "4 partitions", "rank 1 of 4", "40,000 halo", "10,000 rows", "25% of halo",
                    "fanouts 10,25", "50 minibatches per epoch", "next 3 minibatches", "window 10"]:
         assert needle in s, needle
-    assert f"small {budget_rows('small', 10_000):,} rows" in s and "large 2,000" in s
+    assert f"small {budget_rows('small', 10_000):,} rows" in s and f"large {budget_rows('large', 10_000):,}." in s
     assert "Rules of thumb" in b.system and "hit_rate" in b.system
     p = b.build(WINDOW)
     assert p.messages[-1]["content"].startswith(s)
@@ -53,10 +54,11 @@ def test_window_lines_trend_and_lookahead():
 
 def test_variants_schema_order_and_examples():
     zs = ContextBuilder(ctx(), "zero-shot").build(WINDOW)
-    assert list(zs.schema["properties"])[0] == "replace" and list(zs.schema["properties"])[-1] == "reason"
+    for alt in zs.schema["anyOf"]:
+        assert list(alt["properties"])[0] == "replace" and list(alt["properties"])[-1] == "reason"
     assert len(zs.messages) == 2  # system + user, no examples
     rf = ContextBuilder(ctx(), "reason-first").build(WINDOW)
-    assert list(rf.schema["properties"])[0] == "reason"
+    assert all(list(alt["properties"])[0] == "reason" for alt in rf.schema["anyOf"])
     d = ContextBuilder(ctx(), "default").build(WINDOW)
     assert [m["role"] for m in d.messages] == ["system"] + ["user", "assistant"] * 4 + ["user"]
     for m in d.messages[2:-1:2]:
@@ -147,4 +149,25 @@ def test_direction_tolerance():
 def test_context_from_dict_fills_missing():
     b = ContextBuilder({"capacity": 100, "halo_nodes": 400, "lookahead": 2}, "default")
     assert "100 rows (25% of halo)" in b.static_text()
-    assert answer_schema(True)["required"][0] == "reason"
+    assert all(alt["required"][0] == "reason" for alt in answer_schema(True)["anyOf"])
+
+
+def test_answer_reason_and_decision_must_agree():
+    """The reason ends with its conclusion and `replace` states the same: the schema's two
+    alternatives make the grammar keep them together, and Answer rejects a disagreeing pair."""
+    exp = {"hit_rate": "up", "remote_rows": "down"}
+    Answer.model_validate({"reason": "much missing ahead: replace", "replace": True, "budget": "large", "expected": exp})
+    Answer.model_validate({"reason": "little missing ahead: keep", "replace": False, "budget": "small", "expected": exp})
+    for reason, replace in [("much missing ahead: replace", False), ("little missing ahead: keep", True),
+                            ("no conclusion", True)]:
+        with pytest.raises(ValueError, match="reason must end with"):
+            Answer.model_validate({"reason": reason, "replace": replace, "budget": "small", "expected": exp})
+    for reason_first in (True, False):
+        alts = {alt["properties"]["replace"]["const"]: alt for alt in answer_schema(reason_first)["anyOf"]}
+        assert set(alts) == {True, False}
+        for replace, alt in alts.items():
+            pat = re.compile(alt["properties"]["reason"]["pattern"])
+            assert pat.match("hit rate falling, much missing ahead" + conclusion(replace))
+            assert not pat.match("hit rate falling, much missing ahead" + conclusion(not replace))
+            assert not pat.match('a "quoted" word' + conclusion(replace))  # nothing JSON must escape
+            assert not pat.match("x" * REASON_MAX_CHARS + conclusion(replace))  # within maxLength

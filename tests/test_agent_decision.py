@@ -20,7 +20,7 @@ CTX = {"rank": 0, "num_trainers": 2, "part_id": 0, "num_parts": 2, "num_nodes": 
 WINDOW = {"window": 2, "first_step": 20, "last_step": 29, "minibatches": 10, "hit_rate": 0.22,
           "remote_rows": 100_000, "fetched_rows": 78_000, "replaced_rows": 0, "buffer_fill": 5_000,
           "stale_slots": 3_500, "lookahead_missing": 6_000, "lookahead_rows": 750}
-VALID = {"reason": "falling", "replace": True, "budget": "medium",
+VALID = {"reason": "falling: replace", "replace": True, "budget": "medium",
          "expected": {"hit_rate": "up", "remote_rows": "down"}}
 
 
@@ -43,6 +43,8 @@ MODES = {
     "empty": lambda: (200, json.dumps(_chat(""))),
     "badenum": lambda: (200, json.dumps(_chat(json.dumps({**VALID, "budget": "huge"})))),
     "extra": lambda: (200, json.dumps(_chat(json.dumps({**VALID, "evict": "yes"})))),
+    # the reason concludes keep but the decision says replace (a server that ignored the schema)
+    "disagrees": lambda: (200, json.dumps(_chat(json.dumps({**VALID, "reason": "much missing ahead: keep"})))),
     "nochoices": lambda: (200, json.dumps({"choices": []})),
     "500": lambda: (500, "boom"),
 }
@@ -97,6 +99,7 @@ def test_http_valid_answer(garbage_server):
     ("notjson", "bad-response"), ("prose", "invalid"), ("truncated", "invalid"),
     ("length", "truncated: finish_reason=length"), ("empty", "empty answer"), ("badenum", "invalid: budget"),
     ("extra", "invalid: evict"), ("nochoices", "bad-response"), ("500", "http"),
+    ("disagrees", "reason must end with ': replace' when replace is true"),
 ])
 def test_http_bad_answers_fall_back(garbage_server, mode, why):
     d = maker_for(garbage_server + f"/{mode}/v1", fallback="fixed").decide(prompt())

@@ -6,6 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rudder.agent.decision import Completion, DecisionMaker
+from rudder.agent.messages import conclusion
 from rudder.agent.eval import (
     STARTER,
     evaluate,
@@ -25,7 +26,7 @@ class RuleBackend:
 
     def complete(self, messages, schema, max_tokens, timeout_s, cancel=None):
         replace = "falling" in messages[-1]["content"]
-        return Completion(json.dumps({"reason": "rule", "replace": replace, "budget": "medium",
+        return Completion(json.dumps({"reason": "rule" + conclusion(replace), "replace": replace, "budget": "medium",
                                       "expected": {"hit_rate": "up", "remote_rows": "down"}}), "stop")
 
     def close(self):
@@ -64,7 +65,7 @@ class OkHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         replace = "falling" in req["messages"][-1]["content"]
-        content = json.dumps({"reason": "r", "replace": replace, "budget": "small",
+        content = json.dumps({"reason": "r" + conclusion(replace), "replace": replace, "budget": "small",
                               "expected": {"hit_rate": "up", "remote_rows": "down"}})
         body = json.dumps({"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}).encode()
         self.send_response(200)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rudder.agent.decision import BackendError, Completion, DecisionMaker
-from rudder.agent.messages import budget_rows
+from rudder.agent.messages import BUDGET_SHARE, budget_rows, conclusion
 from rudder.agent.policy import AgentPolicy, measure, reflect
 from rudder.agent.messages import Decision
 from rudder.config import AgentConfig, ModelConfig, PrefetchConfig
@@ -17,7 +17,7 @@ from rudder.records import DECISION_FIELDS
 
 
 def answer(replace=True, budget="medium", hit="up", rows="down"):
-    return {"reason": "test", "replace": replace, "budget": budget, "expected": {"hit_rate": hit, "remote_rows": rows}}
+    return {"reason": "test" + conclusion(replace), "replace": replace, "budget": budget, "expected": {"hit_rate": hit, "remote_rows": rows}}
 
 
 class ScriptedBackend:
@@ -104,7 +104,7 @@ def test_plan_never_blocks_with_a_slow_model():
     assert max(times) < 0.005, f"slowest plan() {max(times) * 1e3:.2f} ms"
     assert replaces, "no decision arrived"
     g0, r0 = replaces[0]
-    assert r0.mechanism == "lookahead" and r0.max_rows == budget_rows("medium", 1000) == 50
+    assert r0.mechanism == "lookahead" and r0.max_rows == budget_rows("medium", 1000)
     assert r0.source.startswith("agent#")
     # every answer says replace: from the first arrival on, a round runs on every minibatch
     assert [g for g, _ in replaces] == list(range(g0, 80))
@@ -128,7 +128,7 @@ def test_massivegnn_mechanism_without_lookahead():
     r = pol.plan(step(5))
     later = [pol.plan(step(g)) for g in range(6, 10)]
     pol.close()
-    assert r.mechanism == "massivegnn" and r.max_rows == 200 and r.source == "agent#1"
+    assert r.mechanism == "massivegnn" and r.max_rows == budget_rows("large", 1000) and r.source == "agent#1"
     assert later == [None] * 4
 
 
@@ -154,13 +154,15 @@ def test_lookahead_replace_decision_holds_a_round_every_minibatch_until_the_next
     pol.setup(ctx(lookahead=3, capacity=1000))
     plans = drive(pol, [win(i, 0.3, 700) for i in range(4)])
     pol.close()
-    for g in range(5, 10):  # decision #1 (window 0): medium = 50 rows, every minibatch
-        assert plans[g] == Replace("lookahead", 50, "agent#1"), g
+    medium, large = budget_rows("medium", 1000), budget_rows("large", 1000)
+    assert medium < large
+    for g in range(5, 10):  # decision #1 (window 0): the medium budget, every minibatch
+        assert plans[g] == Replace("lookahead", medium, "agent#1"), g
     for g in range(10, 15):  # #2 arrives at step 10 and takes over
-        assert plans[g] == Replace("lookahead", 50, "agent#2"), g
+        assert plans[g] == Replace("lookahead", medium, "agent#2"), g
     assert [plans[g] for g in range(15, 20)] == [None] * 5  # #3 keep: no rounds at all
-    for g in range(20, 25):  # #4 large = 200 rows
-        assert plans[g] == Replace("lookahead", 200, "agent#4"), g
+    for g in range(20, 25):  # #4: the large budget
+        assert plans[g] == Replace("lookahead", large, "agent#4"), g
     recs = {r["decision"]: r for r in pol.decisions()}
     assert [recs[n]["applied_step"] for n in (1, 2, 3, 4)] == [5, 10, 15, 20]  # applied once each
 
@@ -173,9 +175,10 @@ def test_fallback_ends_a_replace_regime():
     pol.setup(ctx(lookahead=3, capacity=1000))
     plans = drive(pol, [win(i, 0.3, 700) for i in range(3)])
     pol.close()
-    assert all(plans[g] == Replace("lookahead", 10, "agent#1") for g in range(5, 10))
+    small = budget_rows("small", 1000)
+    assert all(plans[g] == Replace("lookahead", small, "agent#1") for g in range(5, 10))
     assert [plans[g] for g in range(10, 15)] == [None] * 5  # static fallback
-    assert all(plans[g] == Replace("lookahead", 10, "agent#3") for g in range(15, 20))
+    assert all(plans[g] == Replace("lookahead", small, "agent#3") for g in range(15, 20))
 
 
 def test_reflection_scores_predictions_and_feeds_history():
@@ -210,7 +213,7 @@ def test_reflection_scores_predictions_and_feeds_history():
     assert hist[0].hit_delta == pytest.approx(0.05) and hist[0].rows_delta == pytest.approx(-0.125)
     # the prompts after the outcomes were measured show them to the model
     last_user = backend.prompts[3][-1]["content"]
-    assert "#1 window 0: replace medium (50 rows)" in last_user and "(down): correct" in last_user
+    assert f"#1 window 0: replace medium ({budget_rows('medium', 1000)} rows)" in last_user and "(down): correct" in last_user
     assert "#2 window 1" in last_user and "(flat): wrong" in last_user
     pol.close()
     left = pol.decisions()
@@ -354,7 +357,7 @@ def test_agent_and_windowed_policies_share_the_replace_semantics():
         windows = [win(i, 0.3, 700) for i in range(len(said))]
         agent_plans = drive(agent, windows)
         agent.close()
-        other = Scripted(PrefetchConfig(window=5, budget=0.05))
+        other = Scripted(PrefetchConfig(window=5, budget=BUDGET_SHARE["medium"]))
         other.setup(ctx(lookahead=lookahead))
         other_plans = {}
         for i, w in enumerate(windows):

@@ -339,7 +339,7 @@ def _agent_decisions() -> list[dict]:
         name = "fake"
 
         def complete(self, messages, schema, max_tokens, timeout_s, cancel=None):
-            return Completion(json.dumps({"reason": "t", "replace": True, "budget": "small",
+            return Completion(json.dumps({"reason": "t: replace", "replace": True, "budget": "small",
                                           "expected": {"hit_rate": "up", "remote_rows": "down"}}), "stop")
 
         def close(self):

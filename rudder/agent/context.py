@@ -34,6 +34,7 @@ from rudder.agent.messages import (
     HistoryEntry,
     answer_schema,
     budget_rows,
+    budget_text,
 )
 from rudder.prefetch.policy import RunContext
 from rudder.records import HIT_TOL, ROWS_TOL, direction  # "flat" = |hit delta| < 1 pt, |rows delta| < 2%
@@ -108,7 +109,7 @@ def _num(x: float | None) -> str:
 # llama.cpp keeps their KV cache from call to call (and across the trainers sharing a node's
 # server): only the last user message (run facts, history, window) is evaluated per decision.
 # Prefill dominates latency on CPUs, so the text is kept short.
-SYSTEM_TEMPLATE = """\
+SYSTEM_TEMPLATE = f"""\
 You steer the remote-feature buffer of one trainer in distributed GNN training.
 Each minibatch pulls the features of its remote input nodes over the network unless the buffer holds them.
 Metrics of a window of minibatches:
@@ -119,7 +120,7 @@ Metrics of a window of minibatches:
 Action: replace or keep; it holds until your next decision (one per window).
 - lookahead on: replace runs a round before EVERY minibatch until your next decision; a round puts nodes the next minibatches need, taken from rows that minibatch fetches anyway, into slots they do not need (at most the budget per round). It adds no network rows. keep runs none.
 - lookahead off: replace runs one round now: stale slots get the most-missed nodes, fetched as extra rows (at most the budget).
-Budget per round: small = 1%, medium = 5%, large = 20% of capacity.
+Budget per round: {budget_text()} of capacity.
 Rules of thumb:
 - First check whether lookahead is on or off.
 - lookahead on: replacing costs no rows and follows what is known to come: replace with the large budget when much is missing ahead (5% of capacity or more); keep when little is.
@@ -146,9 +147,11 @@ CANNED_CONTEXT = dict(rank=0, num_trainers=4, part_id=0, num_parts=4, num_nodes=
                       fanouts=[10, 25], steps_per_epoch=120, epochs=3, feat_dim=100, feat_bytes=400,
                       window=10, lookahead=3)
 
-# Canned examples: simple, unambiguous windows, in a non-alternating order (a small model
-# otherwise continues the alternation). Their reasons are written by `evidence` (below), so the
-# model learns to restate the current window's evidence before it commits to a decision.
+# Canned examples: simple windows, in a non-alternating order (a small model otherwise continues
+# the alternation), two of them close to the 5% line between much and little missing ahead (8%:
+# replace, 4%: keep; with only far-off "much" examples Qwen-0.5B kept at 10%). Their reasons are
+# written by `evidence` (below), so the model learns to restate the current window's evidence
+# before it commits to a decision.
 CANNED: list[dict[str, Any]] = [
     {
         "window": {"window": 4, "first_step": 40, "last_step": 49, "minibatches": 10, "hit_rate": 0.31,
@@ -178,7 +181,7 @@ CANNED: list[dict[str, Any]] = [
     {
         "window": {"window": 20, "first_step": 200, "last_step": 209, "minibatches": 10, "hit_rate": 0.22,
                    "remote_rows": 120000, "fetched_rows": 93600, "replaced_rows": 0, "stale_slots": 5500,
-                   "buffer_fill": 10000, "lookahead_missing": 6000, "lookahead_rows": 500},
+                   "buffer_fill": 10000, "lookahead_missing": 800, "lookahead_rows": 500},
         "recent": [0.30, 0.26],
         "answer": {"replace": True, "budget": "large",
                    "expected": {"hit_rate": "up", "remote_rows": "down"}},
@@ -347,11 +350,13 @@ class ContextBuilder:
         for e in CANNED:
             cctx = {**CANNED_CONTEXT, **e.get("context", {})}  # an example may come from another run
             cb = ContextBuilder.__new__(ContextBuilder)
-            cb.ctx, cb.variant = as_context(cctx), v
+            cb.ctx, cb.variant, cb.history_k = as_context(cctx), v, self.history_k
             head = "Same run.\n" if cctx == prev_ctx else cb.static_text() + "\n"
             prev_ctx = cctx
             la = cctx["lookahead"] > 0
-            canned.append((head + cb.render_window(e["window"], e["recent"]),
+            # shaped like a real prompt, whose first one says "Recent decisions: none." (without
+            # that line Qwen-0.5B kept at window 0 although it wrote "much missing ahead")
+            canned.append((head + cb.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]),
                            {"reason": evidence(e["window"], e["recent"], cctx["capacity"], la)
                             + (": replace" if e["answer"]["replace"] else ": keep"), **e["answer"]}))
         return canned[: v.max_examples - len(own)] + own

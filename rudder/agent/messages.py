@@ -9,23 +9,35 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rudder.records import DECISION_FIELDS
 
 Direction = Literal["up", "down", "flat"]
 Budget = Literal["small", "medium", "large"]
 
-# Share of buffer capacity one replacement may change, per budget word. 5% is the lookahead
-# policy's default per-round cap (PrefetchConfig.budget); 1% is a nudge that costs almost nothing;
-# 20% refreshes a sizeable part yet bounds what one wrong answer can flush out of the buffer (with
-# lookahead and demand admission a round adds no rows, and the trace replays of BENCHMARKS.md §7
-# found the largest per-round cap of the grid, 20%, best on the small graph).
-BUDGET_SHARE: dict[str, float] = {"small": 0.01, "medium": 0.05, "large": 0.2}
+# Share of buffer capacity one replacement round may change, per budget word. With lookahead and
+# demand admission a round adds no network rows and costs about the same time whatever it swaps
+# (benchmarks/bench_buffer.py), so the large budget lifts the cap: the round swaps all that Belady's
+# rule on the sampled-ahead window wants. Trace replays (BENCHMARKS.md section 7) found per-round
+# caps of 20% and below costing up to 2% more rows than no cap on the small graph. Without
+# lookahead (or with admit=any) a round's rows are extra network rows: large = a full MassiveGNN
+# round, as the fixed policy runs; small and medium bound what one wrong answer fetches.
+BUDGET_SHARE: dict[str, float] = {"small": 0.05, "medium": 0.2, "large": 1.0}
+
+
+def budget_text() -> str:
+    """'small = 5%, medium = 20%, large = 100%' (the system message's line, from BUDGET_SHARE)."""
+    return ", ".join(f"{k} = {100 * v:.0f}%" for k, v in BUDGET_SHARE.items())
+
 
 # A short reason keeps latency low and the answer inside max_tokens (160 by default) even when a
 # small model degenerates into one-character tokens ("1.1.1..." was seen with SmolLM2).
 REASON_MAX_CHARS = 100
+# The grammar allows this much text before the conclusion: the evidence form of the examples
+# needs ~50 characters, and a degenerate small model fills whatever room it gets, one token per
+# character, so more room would push its answer past max_tokens.
+REASON_HEAD_CHARS = 70
 
 
 def budget_rows(budget: str, capacity: int) -> int:
@@ -39,40 +51,64 @@ class Expected(BaseModel):
     remote_rows: Direction = Field(description="predicted change of rows fetched over the network")
 
 
+def conclusion(replace: bool) -> str:
+    """How a reason must end: its conclusion, which the `replace` field then states as data."""
+    return ": replace" if replace else ": keep"
+
+
 class Answer(BaseModel):
-    """The model's answer. The schema handed to llama.cpp is built from the same fields."""
+    """The model's answer. The schema handed to llama.cpp is built from the same fields.
+    The reason ends with its conclusion (": replace" / ": keep"), and `replace` must agree with
+    it: a small model otherwise sometimes writes "much missing ahead: replace" and then
+    "replace": false. The grammar makes the two agree as the model writes (answer_schema); this
+    check catches a server that ignores the schema."""
 
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field(max_length=REASON_MAX_CHARS, description="one short sentence")
+    reason: str = Field(max_length=REASON_MAX_CHARS, description="one short sentence ending in its conclusion")
     replace: bool = Field(description="run a replacement round now")
     budget: Budget = Field(description="how many rows the round may change")
     expected: Expected
 
+    @model_validator(mode="after")
+    def _reason_concludes_the_decision(self) -> "Answer":
+        if not self.reason.endswith(conclusion(self.replace)):
+            raise ValueError(f"reason must end with {conclusion(self.replace)!r} when replace is "
+                             f"{str(self.replace).lower()}: {self.reason!r}")
+        return self
+
 
 def answer_schema(reason_first: bool = True) -> dict[str, Any]:
     """JSON schema of Answer, properties in generation order (llama.cpp's grammar follows it).
-    reason_first lets the model write its reasoning before it commits to the decision."""
+    reason_first lets the model write its reasoning before it commits to the decision.
+    Two alternatives, one per decision: the reason's closing words fix `replace` (reason first),
+    or `replace` fixes how the reason must end (decision first), so the two always agree."""
     direction = {"type": "string", "enum": ["up", "down", "flat"]}
-    props: dict[str, Any] = {
-        "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
-        "replace": {"type": "boolean"},
-        "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
-        "expected": {
-            "type": "object",
-            "properties": {"hit_rate": direction, "remote_rows": direction},
-            "required": ["hit_rate", "remote_rows"],
-            "additionalProperties": False,
-        },
-    }
     order = ["reason", "replace", "budget", "expected"]
     if not reason_first:
         order = ["replace", "budget", "expected", "reason"]
-    return {
-        "type": "object",
-        "properties": {k: props[k] for k in order},
-        "required": order,
-        "additionalProperties": False,
-    }
+    head = REASON_HEAD_CHARS
+    alternatives = []
+    for replace in (True, False):
+        props: dict[str, Any] = {
+            # any text without quotes, backslashes or line breaks (nothing JSON must escape), then
+            # the conclusion
+            "reason": {"type": "string", "pattern": f'^[^"\\\\\\n\\r\\t]{{0,{head}}}{conclusion(replace)}$'},
+            "replace": {"type": "boolean", "const": replace},
+            "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
+            "expected": {
+                "type": "object",
+                "properties": {"hit_rate": direction, "remote_rows": direction},
+                "required": ["hit_rate", "remote_rows"],
+                "additionalProperties": False,
+            },
+        }
+        alternatives.append({
+            "type": "object",
+            "properties": {k: props[k] for k in order},
+            "required": order,
+            "additionalProperties": False,
+        })
+    return {"anyOf": alternatives}
 
 
 class Decision(BaseModel):
