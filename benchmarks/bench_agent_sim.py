@@ -116,9 +116,9 @@ class SharedDecisionMaker(DecisionMaker):
         super().close()
 
 
-def load_agent(model: str, threads: int = 1, timeout_s: float = 60.0) -> dict:
+def load_agent(model: str, threads: int = 1, timeout_s: float = 60.0, prompt: str = "default") -> dict:
     """make_policy extras for policy `agent`: its AgentConfig and a shared, warmed model."""
-    cfg = AgentConfig(model=ModelConfig(name=model), threads=threads, timeout_s=timeout_s)
+    cfg = AgentConfig(model=ModelConfig(name=model), threads=threads, timeout_s=timeout_s, prompt=prompt)
     base = DecisionMaker.from_config(cfg)
     maker = SharedDecisionMaker(base.backend, base.model, base.fallback, base.max_tokens, base.timeout_s)
     t0 = time.time()
@@ -284,6 +284,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=10, help="collect RNG seeds on the training trace")
     ap.add_argument("--agent-model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--agent-threads", type=int, default=1)
+    ap.add_argument("--agent-prompt", default="default", help="prompt variant (rudder.agent.context.VARIANTS)")
     ap.add_argument("--policies", nargs="+", default=None,
                     help="replay only these (default: the baselines, classifiers, agent, belady)")
     ap.add_argument("--max-minibatches", type=int, default=None, help="replay a trace's head only (smoke)")
@@ -333,7 +334,7 @@ def main() -> int:
         report["best_classifier"] = best
         policies = args.policies or [*BASELINES, *(f"classifier:{k}" for k in MODEL_KINDS), "agent", "belady"]
         yield_to(args.pause_file)
-        agent = load_agent(args.agent_model, args.agent_threads) \
+        agent = load_agent(args.agent_model, args.agent_threads, prompt=args.agent_prompt) \
             if any(p.split("@")[0] == "agent" for p in policies) else None
         try:
             for name in args.configs:
@@ -373,7 +374,7 @@ def write_report(report: dict, args) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     lines = [f"Agent vs baselines by trace replay ({report['date']}; agent {args.agent_model}, "
-             f"{args.agent_threads} llama.cpp thread, default prompt; capacity {FRACTION} x halo, "
+             f"{args.agent_threads} llama.cpp thread, {args.agent_prompt} prompt; capacity {FRACTION} x halo, "
              "initial fill top-degree; rows fetched = misses + replacement rows, initial fill apart; "
              f"{report.get('code')}; load average at the end {os.getloadavg()[0]:.1f})", ""]
     if report.get("classifiers"):

@@ -171,3 +171,27 @@ def test_answer_reason_and_decision_must_agree():
             assert not pat.match("hit rate falling, much missing ahead" + conclusion(not replace))
             assert not pat.match('a "quoted" word' + conclusion(replace))  # nothing JSON must escape
             assert not pat.match("x" * REASON_MAX_CHARS + conclusion(replace))  # within maxLength
+
+
+def test_evidence_variant_holds_reasons_to_the_examples_form():
+    """Variant `evidence`: the grammar admits only the evidence form, and every example the
+    prompt shows (canned and judged in hindsight) is itself in that form."""
+    hist = [HistoryEntry(decision=1, window=0, replace=True, budget="large", expected_hit_rate="up",
+                         expected_remote_rows="down", outcome_hit_rate="up", outcome_remote_rows="down",
+                         hit_delta=0.05, rows_delta=-0.1, correct=True, judged={**WINDOW, "window": 0})]
+    p = ContextBuilder(ctx(), "evidence").build(WINDOW, hist, [0.3])
+    alts = {a["properties"]["replace"]["const"]: re.compile(a["properties"]["reason"]["pattern"])
+            for a in p.schema["anyOf"]}
+    shown = [json.loads(m["content"]) for m in p.messages if m["role"] == "assistant"]
+    assert len(shown) == 4 and any(a["replace"] for a in shown) and not all(a["replace"] for a in shown)
+    for a in shown:
+        assert alts[a["replace"]].match(a["reason"]), a["reason"]
+    assert not alts[False].match("hit rate up, rows flat; measured hit_rate +0.6 pt: keep")  # copied prompt text
+    assert alts[True].match("lookahead off: replace") and alts[False].match("hit rate 37%, lookahead on: keep")
+
+
+def test_first_window_says_it_has_no_trend():
+    b = ContextBuilder(ctx(), "default")
+    assert "(first window: no trend yet)" in b.render_window(WINDOW)
+    with_trend = b.render_window(WINDOW, [0.35])
+    assert "no trend" not in with_trend and "falling (-4.0 pt)" in with_trend

@@ -17,6 +17,8 @@ Prompt variants (scored by `rudder agent eval`):
   few-shot      reason first + canned examples
   default       reason first + examples from the run's own history when available, else canned
   signals       default + one line naming the signals (trend, stale share, lookahead share)
+  evidence      default, with the reason held by the grammar to the examples' evidence form
+                ("hit rate falling, lookahead on, much missing ahead: replace")
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -51,6 +53,7 @@ class Variant:
     examples: str  # "none" | "canned" | "history"
     signals: bool = False
     max_examples: int = 4
+    evidence_reason: bool = False  # the grammar holds the reason to the evidence form
 
 
 VARIANTS: dict[str, Variant] = {
@@ -61,6 +64,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("few-shot", reason_first=True, examples="canned"),
         Variant("default", reason_first=True, examples="history"),
         Variant("signals", reason_first=True, examples="history", signals=True),
+        Variant("evidence", reason_first=True, examples="history", evidence_reason=True),
     ]
 }
 
@@ -229,7 +233,7 @@ class ContextBuilder:
         self.ctx = as_context(ctx)
         self.variant = get_variant(variant)
         self.history_k = history
-        self.schema = answer_schema(self.variant.reason_first)
+        self.schema = answer_schema(self.variant.reason_first, self.variant.evidence_reason)
         self.answer_text = ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST
         self.system = SYSTEM_TEMPLATE + "\n" + self.answer_text  # constant per variant: cached
         design = {
@@ -276,6 +280,8 @@ class ContextBuilder:
             d = hr - prev[-1]
             trend = {"up": "rising", "down": "falling", "flat": "steady"}[direction(d, HIT_TOL)]
             hr_line += f", {trend} ({100 * d:+.1f} pt); earlier: " + ", ".join(_pct(p) for p in prev[-3:])
+        elif hr is not None:  # said outright: left unsaid, Qwen-0.5B wrote a trend of its own and kept
+            hr_line += " (first window: no trend yet)"
         lines.append(hr_line)
         fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
         lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "

@@ -77,11 +77,19 @@ class Answer(BaseModel):
         return self
 
 
-def answer_schema(reason_first: bool = True) -> dict[str, Any]:
+# The evidence form the examples' reasons take (rudder.agent.context.evidence), as a pattern:
+# the hit-rate trend (or level in a first window), the mechanism, how much is missing ahead.
+EVIDENCE_PATTERN = ("(hit rate (rising|steady|falling|[0-9]{1,3}%), )?"
+                    "lookahead (on(, (much|little) missing ahead)?|off)")
+
+
+def answer_schema(reason_first: bool = True, evidence_reason: bool = False) -> dict[str, Any]:
     """JSON schema of Answer, properties in generation order (llama.cpp's grammar follows it).
     reason_first lets the model write its reasoning before it commits to the decision.
     Two alternatives, one per decision: the reason's closing words fix `replace` (reason first),
-    or `replace` fixes how the reason must end (decision first), so the two always agree."""
+    or `replace` fixes how the reason must end (decision first), so the two always agree.
+    evidence_reason: the reason must take the evidence form itself (EVIDENCE_PATTERN), not only
+    end with the conclusion: a small model then cannot drift into copying other prompt text."""
     direction = {"type": "string", "enum": ["up", "down", "flat"]}
     order = ["reason", "replace", "budget", "expected"]
     if not reason_first:
@@ -92,7 +100,8 @@ def answer_schema(reason_first: bool = True) -> dict[str, Any]:
         props: dict[str, Any] = {
             # any text without quotes, backslashes or line breaks (nothing JSON must escape), then
             # the conclusion
-            "reason": {"type": "string", "pattern": f'^[^"\\\\\\n\\r\\t]{{0,{head}}}{conclusion(replace)}$'},
+            "reason": {"type": "string", "pattern": f"^{EVIDENCE_PATTERN}{conclusion(replace)}$" if evidence_reason
+                       else f'^[^"\\\\\\n\\r\\t]{{0,{head}}}{conclusion(replace)}$'},
             "replace": {"type": "boolean", "const": replace},
             "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
             "expected": {
