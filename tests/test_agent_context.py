@@ -173,13 +173,13 @@ def test_answer_reason_and_decision_must_agree():
             assert not pat.match("x" * REASON_MAX_CHARS + conclusion(replace))  # within maxLength
 
 
-def test_evidence_variant_holds_reasons_to_the_examples_form():
-    """Variant `evidence`: the grammar admits only the evidence form, and every example the
-    prompt shows (canned and judged in hindsight) is itself in that form."""
+def test_default_variant_holds_reasons_to_the_examples_form():
+    """Variant `default`: the grammar admits only the evidence form, and every example the
+    prompt shows (canned and judged in hindsight) is itself in that form; `free-reason` does not."""
     hist = [HistoryEntry(decision=1, window=0, replace=True, budget="large", expected_hit_rate="up",
                          expected_remote_rows="down", outcome_hit_rate="up", outcome_remote_rows="down",
                          hit_delta=0.05, rows_delta=-0.1, correct=True, judged={**WINDOW, "window": 0})]
-    p = ContextBuilder(ctx(), "evidence").build(WINDOW, hist, [0.3])
+    p = ContextBuilder(ctx(), "default").build(WINDOW, hist, [0.3])
     alts = {a["properties"]["replace"]["const"]: re.compile(a["properties"]["reason"]["pattern"])
             for a in p.schema["anyOf"]}
     shown = [json.loads(m["content"]) for m in p.messages if m["role"] == "assistant"]
@@ -188,6 +188,9 @@ def test_evidence_variant_holds_reasons_to_the_examples_form():
         assert alts[a["replace"]].match(a["reason"]), a["reason"]
     assert not alts[False].match("hit rate up, rows flat; measured hit_rate +0.6 pt: keep")  # copied prompt text
     assert alts[True].match("lookahead off: replace") and alts[False].match("hit rate 37%, lookahead on: keep")
+    free = ContextBuilder(ctx(), "free-reason").build(WINDOW, hist, [0.3]).schema["anyOf"]
+    assert all(re.match(a["properties"]["reason"]["pattern"], "any short text" + conclusion(a["properties"]["replace"]["const"]))
+               for a in free)
 
 
 def test_first_window_says_it_has_no_trend():

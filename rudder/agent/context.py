@@ -15,10 +15,11 @@ Prompt variants (scored by `rudder agent eval`):
   zero-shot     decision first in the JSON (reason last), no examples
   reason-first  reason first, no examples
   few-shot      reason first + canned examples
-  default       reason first + examples from the run's own history when available, else canned
-  signals       default + one line naming the signals (trend, stale share, lookahead share)
-  evidence      default, with the reason held by the grammar to the examples' evidence form
+  default       reason first + examples from the run's own history when available, else canned;
+                the grammar holds the reason to the examples' evidence form
                 ("hit rate falling, lookahead on, much missing ahead: replace")
+  free-reason   default with any short reason (ending in its conclusion)
+  signals       free-reason + one line naming the signals (trend, stale share, lookahead share)
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -62,9 +63,9 @@ VARIANTS: dict[str, Variant] = {
         Variant("zero-shot", reason_first=False, examples="none"),
         Variant("reason-first", reason_first=True, examples="none"),
         Variant("few-shot", reason_first=True, examples="canned"),
-        Variant("default", reason_first=True, examples="history"),
+        Variant("default", reason_first=True, examples="history", evidence_reason=True),
+        Variant("free-reason", reason_first=True, examples="history"),
         Variant("signals", reason_first=True, examples="history", signals=True),
-        Variant("evidence", reason_first=True, examples="history", evidence_reason=True),
     ]
 }
 
