@@ -38,6 +38,7 @@ from rudder.agent.messages import (
     answer_schema,
     budget_rows,
     budget_text,
+    conclusion,
 )
 from rudder.prefetch.policy import RunContext
 from rudder.records import HIT_TOL, ROWS_TOL, direction  # "flat" = |hit delta| < 1 pt, |rows delta| < 2%
@@ -349,7 +350,7 @@ class ContextBuilder:
                     judged = h.judged or {}
                     prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
                     ex["reason"] = (evidence(judged, prev, self.ctx.capacity, self.ctx.lookahead > 0)
-                                    + (": replace" if ex["replace"] else ": keep"))
+                                    + conclusion(ex["replace"]))
                     own.append((self.static_text() + "\n" + self.render_window(judged, prev), ex))
             own.reverse()
         canned = []
@@ -365,7 +366,7 @@ class ContextBuilder:
             # that line Qwen-0.5B kept at window 0 although it wrote "much missing ahead")
             canned.append((head + cb.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]),
                            {"reason": evidence(e["window"], e["recent"], cctx["capacity"], la)
-                            + (": replace" if e["answer"]["replace"] else ": keep"), **e["answer"]}))
+                            + conclusion(e["answer"]["replace"]), **e["answer"]}))
         return canned[: v.max_examples - len(own)] + own
 
     def build(self, window: dict, history: Iterable[HistoryEntry | dict] = (),

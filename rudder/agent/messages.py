@@ -94,14 +94,13 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False) -> d
     order = ["reason", "replace", "budget", "expected"]
     if not reason_first:
         order = ["replace", "budget", "expected", "reason"]
-    head = REASON_HEAD_CHARS
+    # the evidence form, or any short text without quotes, backslashes or line breaks (nothing
+    # JSON must escape); then the conclusion
+    head = EVIDENCE_PATTERN if evidence_reason else f'[^"\\\\\\n\\r\\t]{{0,{REASON_HEAD_CHARS}}}'
     alternatives = []
     for replace in (True, False):
         props: dict[str, Any] = {
-            # any text without quotes, backslashes or line breaks (nothing JSON must escape), then
-            # the conclusion
-            "reason": {"type": "string", "pattern": f"^{EVIDENCE_PATTERN}{conclusion(replace)}$" if evidence_reason
-                       else f'^[^"\\\\\\n\\r\\t]{{0,{head}}}{conclusion(replace)}$'},
+            "reason": {"type": "string", "pattern": f"^{head}{conclusion(replace)}$"},
             "replace": {"type": "boolean", "const": replace},
             "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
             "expected": {
