@@ -252,12 +252,12 @@ def verdict(rows: list[dict]) -> dict:
     by = {s["policy"]: s for s in rows}
     opt = by["belady"]
     grid = [s for s in rows if s["policy"].startswith(("fixed", "lookahead"))]
+    if not grid:
+        return {}
+    best_all = min(grid, key=lambda s: s["fetched_rows"])
     out = {}
     for a in (s for s in rows if s["policy"].split("@")[0] == "agent"):
-        if not grid:
-            break
         same = [s for s in grid if s["policy"].startswith("fixed") or depth_of(s) == a.get("depth")]
-        best_all = min(grid, key=lambda s: s["fetched_rows"])
         best_same = min(same or grid, key=lambda s: s["fetched_rows"])
         out[a["policy"]] = {
             "depth": a.get("depth"),

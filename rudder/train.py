@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 out["windows"].write(mb.window)
             for d in policy.decisions():
                 out["decisions"].write(d)
-            for k in ("t_sample", "t_fetch", "t_buffer", "t_compute", "t_stall", "t_policy", "input_rows", "remote_rows",
-                      "hits", "fetched_rows", "fetched_bytes", "replaced_rows"):
+            for k in agg.keys() - {"loss"}:  # every other total is a field of the record
                 agg[k] += rec[k]
             agg["loss"] += float(loss)
             n += 1

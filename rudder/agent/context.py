@@ -358,13 +358,13 @@ class ContextBuilder:
         for e in CANNED:
             cctx = {**CANNED_CONTEXT, **e.get("context", {})}  # an example may come from another run
             cb = ContextBuilder.__new__(ContextBuilder)
-            cb.ctx, cb.variant, cb.history_k = as_context(cctx), v, self.history_k
+            cb.ctx, cb.variant = as_context(cctx), v
             head = "Same run.\n" if cctx == prev_ctx else cb.static_text() + "\n"
             prev_ctx = cctx
             la = cctx["lookahead"] > 0
             # shaped like a real prompt, whose first one says "Recent decisions: none." (without
             # that line Qwen-0.5B kept at window 0 although it wrote "much missing ahead")
-            canned.append((head + cb.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]),
+            canned.append((head + self.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]),
                            {"reason": evidence(e["window"], e["recent"], cctx["capacity"], la)
                             + conclusion(e["answer"]["replace"]), **e["answer"]}))
         return canned[: v.max_examples - len(own)] + own

@@ -93,7 +93,8 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5
 def _sim_inputs(run_dir: Path, rank: int):
     """(trace, prefetch config, capacity, start, RunContext, future depth) of a simulated run."""
     from rudder.config import PrefetchConfig
-    from rudder.sim.simulate import LOOKAHEAD_POLICIES, load_source, rank_source, run_context
+    from rudder.prefetch.policies import LOOKAHEAD_POLICIES
+    from rudder.sim.simulate import load_source, rank_source, run_context
 
     meta = json.loads((run_dir / "run.json").read_text())
     sim = meta.get("sim")

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 ORACLES = ("belady",)
 DEFAULT_WINDOW = 10  # PrefetchConfig.window's default: windows of the non-buffer replays
-# the pipeline samples ahead only for these (rudder.train): others see no future
 
 
 def buffer_policies() -> list[str]:
