@@ -251,12 +251,13 @@ def verdict(rows: list[dict]) -> dict:
     (the depth is the run's, not the agent's choice) and over the whole grid."""
     by = {s["policy"]: s for s in rows}
     opt = by["belady"]
-    grid = [s for s in rows if s["policy"].startswith(("fixed", "lookahead"))]
+    grid = [s for s in rows if s["policy"].startswith(("fixed", "lookahead"))
+            and s.get("trace") == opt.get("trace")]  # rows of another trace do not compare
     if not grid:
         return {}
     best_all = min(grid, key=lambda s: s["fetched_rows"])
     out = {}
-    for a in (s for s in rows if s["policy"].split("@")[0] == "agent"):
+    for a in (s for s in rows if s["policy"].split("@")[0] == "agent" and s.get("trace") == opt.get("trace")):
         same = [s for s in grid if s["policy"].startswith("fixed") or depth_of(s) == a.get("depth")]
         best_same = min(same or grid, key=lambda s: s["fetched_rows"])
         out[a["policy"]] = {
@@ -341,6 +342,12 @@ def main() -> int:
                 trace, source = load_or_generate(args.trace_dir, name)
                 if args.max_minibatches:
                     trace = trace.head(args.max_minibatches)
+                digest = trace.digest()
+                stored = report["configs"].get(name, {}).get("trace")
+                if args.policies and stored and stored != digest:
+                    raise SystemExit(f"{name}: the stored rows were replayed on trace {stored}, "
+                                     f"{trace_dir(args.trace_dir, name)} is {digest}; replay every "
+                                     "policy (omit --policies) or use the traces they were replayed on")
                 C = int(FRACTION * trace.num_halo)
                 rows = []
                 for pol in policies:
@@ -352,12 +359,14 @@ def main() -> int:
                              100 * s["hit_rate"], s["fetched_rows"], s["decisions"], time.time() - t0)
                 for s in rows:
                     s["code"] = report["code"]  # what each row was measured at
+                    s["trace"] = digest  # and on which trace: rows compare only on the same one
                 if args.policies and name in report["configs"]:  # a subset: replace those rows only
                     new = {s["policy"]: s for s in rows}
                     old = report["configs"][name]["rows"]
                     rows = [new.pop(s["policy"], s) for s in old] + list(new.values())
                 names = {s["policy"] for s in rows}
-                report["configs"][name] = {"config": CONFIGS[name], "capacity": C, "halo": trace.num_halo,
+                report["configs"][name] = {"config": CONFIGS[name], "trace": digest,
+                                           "capacity": C, "halo": trace.num_halo,
                                            "minibatches": trace.num_minibatches,
                                            "accesses": trace.num_accesses, "rows": rows, "code": report["code"],
                                            "verdict": verdict(rows) if {"belady", "none"} <= names else {}}
@@ -392,7 +401,7 @@ def write_report(report: dict, args) -> None:
         c = r["config"]
         lines += [f"### {name}: {c['graph']}, P={c['parts']}, batch {c['batch_size']}, {c['epochs']} epochs "
                   f"({r['minibatches']} minibatches, {r['accesses']} remote accesses, halo {r['halo']}, "
-                  f"capacity {r['capacity']})", ""]
+                  f"capacity {r['capacity']}; trace {r.get('trace')})", ""]
         if "belady" in {s["policy"] for s in r["rows"]} and "none" in {s["policy"] for s in r["rows"]}:
             lines += table(r["rows"], report.get("best_classifier"))
         else:

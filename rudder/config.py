@@ -72,6 +72,10 @@ class AgentConfig(Strict):
     # (start-up, not training: no minibatch ever waits on the agent). 0 = start at once; windows
     # closed before the model is up then get no decision.
     ready_timeout_s: float = Field(120.0, ge=0)
+    # Runs that sample ahead: one decision before the first minibatch, on the initial buffer and
+    # what the first sampled-ahead minibatches lack, so the model, not the fallback, steers from
+    # the start (the fallback still applies until that answer arrives).
+    start_decision: bool = True
 
 
 class ClusterConfig(Strict):

@@ -144,6 +144,8 @@ class MinibatchPipeline:
                 buffer_fill=buf.size if buf is not None else 0,
             )
             t_pol = time.perf_counter()
+            if gstep == 0 and buf is not None:  # what the buffer lacks of the known future, once
+                self.policy.start(buffer_state(buf, [remote, *future]))
             plan = self.policy.plan(info) if buf is not None else None
             t_pol = time.perf_counter() - t_pol  # the agent's cost to training: queue polls only
             if self.trace_writer is not None:

@@ -383,3 +383,39 @@ def test_replace_regime_uses_the_configured_admission():
     plans = drive(pol, [win(0, 0.3, 700)])
     pol.close()
     assert all(r.admit == "any" and r.mechanism == "lookahead" for r in plans.values())
+
+
+def test_start_decision_steers_from_the_first_minibatch():
+    """Runs that sample ahead ask the model once before the first minibatch, on the initial
+    buffer and what the sampled-ahead minibatches lack; its answer sets the regime from the step it
+    arrives, is recorded as window START_WINDOW and is never scored for Pass@1 (no window before it)."""
+    from rudder.agent.messages import START_WINDOW
+
+    backend = ScriptedBackend([answer(True, "large"), answer(False, "small", "flat", "flat")])
+    pol = make(backend)
+    pol.setup(ctx())
+    assert pol.start({"buffer_fill": 1000, "stale_slots": 0, "lookahead_missing": 900, "lookahead_rows": 900})
+    assert pol.wait_for_decision(5.0)
+    plans = [pol.plan(step(g)) for g in range(5)]
+    assert all(r is not None and r.mechanism == "lookahead" and r.max_rows == budget_rows("large", 1000)
+               and r.source == "agent#1" for r in plans)
+    prompt = backend.prompts[0][-1]["content"]
+    assert "Start of training" in prompt and "lookahead missing 900 nodes (90% of capacity: much)" in prompt
+    assert "hit_rate" not in prompt.split("Start of training")[1]  # nothing measured yet
+    pol.observe({"global_step": 4}, win(0, 0.3, 700))
+    assert pol.wait_for_decision(5.0)
+    assert pol.plan(step(5)) is None  # the window-0 answer (keep) replaced the start regime
+    assert "#1 at the start: replace large" in backend.prompts[1][-1]["content"]
+    pol.close()
+    recs = {r["decision"]: r for r in pol.decisions()}
+    assert recs[1]["window"] == START_WINDOW and recs[1]["applied_step"] == 0 and recs[1]["staleness"] == 1
+    assert recs[1]["correct"] is None and recs[2]["window"] == 0
+    assert pol.pass_at_1 is None  # decision 2 had no window after it; decision 1 is never judged
+
+
+def test_no_start_decision_without_lookahead_or_when_switched_off():
+    for pol in (make(ScriptedBackend([answer()])), make(ScriptedBackend([answer()]), start_decision=False)):
+        pol.setup(ctx(lookahead=0) if pol.agent_cfg.start_decision else ctx())
+        assert pol.start({"buffer_fill": 1000, "lookahead_missing": 0}) is False
+        assert pol.wait_for_decision(0.05) is False
+        pol.close()

@@ -93,5 +93,19 @@ def test_agent_policy_replays_with_decisions():
     assert len(r.decisions) == maker.n
     applied = [d for d in r.decisions if d["applied_step"] is not None]
     assert applied and all(d["staleness"] == 1 for d in applied)  # synchronous replay
+    # the start decision (the run samples ahead) steers from minibatch 0 in a synced replay
+    assert r.decisions[0]["window"] == -1 and r.decisions[0]["applied_step"] == 0
+    from rudder.config import AgentConfig
+
+    off = simulate(t, "agent", extra={"decision_maker": ScriptedMaker(), "agent": AgentConfig(start_decision=False)})
+    assert off.decisions[0]["window"] == 0 and len(off.decisions) == len(r.decisions) - 1
     assert r.total("admitted_rows") > 0  # the replace decisions changed the buffer
     assert r.summary()["decisions"] == maker.n
+
+
+def test_trace_digest_names_the_content(tmp_path):
+    t = random_trace(halo=200, minibatches=12, batch=40, capacity=0.2, epochs=2, seed=1)
+    same = type(t).load(t.save(tmp_path / "t.npz"))
+    assert same.digest() == t.digest() and len(t.digest()) == 12
+    assert t.head(11).digest() != t.digest()
+    assert random_trace(halo=200, minibatches=12, batch=40, capacity=0.2, epochs=2, seed=2).digest() != t.digest()

@@ -122,6 +122,8 @@ def test_agent_policy_end_to_end(tmp_path, data_root):
     assert ctx["extra"]["t_policy_ready"] > 0  # waited for the model before training, not during
     decisions = [d for r in range(2) for d in read_jsonl(res.run_dir / f"decisions-r{r}.jsonl")]
     assert decisions, "the agent made no decision"
+    # each trainer asked once before its first minibatch (the run samples ahead): the start decision
+    assert sorted(d["window"] for d in decisions if d["window"] == -1) == [-1, -1]
     for d in decisions:
         assert d["model"] == "smollm2-135m" and d["latency_s"] is not None
         assert isinstance(d["replace"], bool)

@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 from rudder.agent.messages import (
     BUDGET_SHARE,
+    START_WINDOW,
     Answer,
     HistoryEntry,
     answer_schema,
@@ -266,6 +267,8 @@ class ContextBuilder:
         """The window in a few lines; `recent`: earlier windows (dicts or hit rates), oldest first."""
         c = self.ctx
         cap = max(1, c.capacity)
+        if w.get("window") == START_WINDOW:
+            return self._render_start(w)
         prev = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
         prev = [p for p in prev if p is not None]
         hr = w.get("hit_rate")
@@ -288,18 +291,30 @@ class ContextBuilder:
         fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
         lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "
                      f"replaced rows in window {_num(w.get('replaced_rows'))}")
-        stale = w.get("stale_slots")
-        fill = w.get("buffer_fill")
-        fill_share = None if fill is None else (fill if fill <= 1 else fill / cap)
-        lines.append(f"stale slots {_num(stale)} of {cap:,} ({_pct(None if stale is None else stale / cap, 0)}); "
-                     f"buffer fill {_pct(fill_share, 0)}")
-        if c.lookahead > 0:
-            miss = w.get("lookahead_missing")
-            word = "" if miss is None else f": {missing_word(miss, cap)}"
-            lines.append(f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity{word})")
+        lines += self._buffer_lines(w)
         if self.variant.signals:
             lines.append("signals: " + self._signals(w, prev))
         return "\n".join(lines)
+
+    def _buffer_lines(self, w: dict) -> list[str]:
+        """Stale slots and fill; with lookahead, how much of the sampled-ahead future is missing."""
+        cap = max(1, self.ctx.capacity)
+        stale = w.get("stale_slots")
+        fill = w.get("buffer_fill")
+        fill_share = None if fill is None else (fill if fill <= 1 else fill / cap)
+        lines = [f"stale slots {_num(stale)} of {cap:,} ({_pct(None if stale is None else stale / cap, 0)}); "
+                 f"buffer fill {_pct(fill_share, 0)}"]
+        if self.ctx.lookahead > 0:
+            miss = w.get("lookahead_missing")
+            word = "" if miss is None else f": {missing_word(miss, cap)}"
+            lines.append(f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity{word})")
+        return lines
+
+    def _render_start(self, w: dict) -> str:
+        """The start decision's 'window': no minibatch has run, so only the initial buffer and what
+        the minibatches sampled ahead lack are known."""
+        lines = ["Start of training: no minibatch has run yet, no hit rate yet; the buffer holds its initial fill"]
+        return "\n".join(lines + self._buffer_lines(w))
 
     def _signals(self, w: dict, prev: list[float]) -> str:
         cap = max(1, self.ctx.capacity)
@@ -320,13 +335,16 @@ class ContextBuilder:
             return "Recent decisions: none."
         lines = ["Recent decisions:"]
         for h in shown:
+            at = "at the start" if h.window == START_WINDOW else f"window {h.window}"
             if h.fallback:
-                lines.append(f"- #{h.decision} window {h.window}: no valid answer, {h.fallback} applied")
+                lines.append(f"- #{h.decision} {at}: no valid answer, {h.fallback} applied")
                 continue
             act = f"replace {h.budget} ({h.rows} rows)" if h.replace else "keep"
-            s = (f"- #{h.decision} window {h.window}: {act}; predicted hit_rate {h.expected_hit_rate}, "
+            s = (f"- #{h.decision} {at}: {act}; predicted hit_rate {h.expected_hit_rate}, "
                  f"rows {h.expected_remote_rows}")
-            if h.correct is None and h.outcome_hit_rate is None:
+            if h.window == START_WINDOW:
+                s += "; not measured (no window before it)"
+            elif h.correct is None and h.outcome_hit_rate is None:
                 s += "; outcome pending"
             else:
                 s += (f"; measured hit_rate {100 * (h.hit_delta or 0):+.1f} pt ({h.outcome_hit_rate}), "

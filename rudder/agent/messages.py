@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rudder.records import DECISION_FIELDS
 
 Direction = Literal["up", "down", "flat"]
+# The window id of the start decision: judged before the first minibatch, on the initial buffer
+# and the minibatches already sampled ahead (no metrics window has closed yet).
+START_WINDOW = -1
 Budget = Literal["small", "medium", "large"]
 
 # Share of buffer capacity one replacement round may change, per budget word. With lookahead and

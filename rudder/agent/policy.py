@@ -18,6 +18,9 @@ the training loop.
   - massivegnn mechanism (no lookahead): replace=true runs one round when the decision arrives
     (a MassiveGNN round swaps every stale slot at once: repeating it each minibatch would only
     churn); replace=false runs none.
+- The start decision (agent.start_decision, runs that sample ahead): start() queues one request
+  before the first minibatch, judged on the initial buffer and what the minibatches sampled ahead
+  lack (window START_WINDOW, no metrics yet); it applies when it arrives like any other.
 - The fallback policy (agent.fallback; auto = lookahead when the run samples ahead, else static)
   steers until the first answer arrives, and after a fallback decision (bad/late answer) until
   the next valid one (a fallback also ends a replace regime).
@@ -41,7 +44,7 @@ from typing import Any
 
 from rudder.agent.context import ContextBuilder, per_minibatch
 from rudder.agent.decision import DecisionMaker, resolve_fallback, warm_prompt
-from rudder.agent.messages import Decision, HistoryEntry, budget_rows
+from rudder.agent.messages import START_WINDOW, Decision, HistoryEntry, budget_rows
 from rudder.config import AgentConfig, PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
 from rudder.records import outcome_fields
@@ -148,6 +151,13 @@ class AgentPolicy(Policy):
         self._thread = threading.Thread(target=self._run, name=f"agent-r{ctx.rank}", daemon=True)
         self._thread.start()
 
+    def start(self, state: dict) -> bool:
+        if self.mechanism != "lookahead" or not self.agent_cfg.start_decision:
+            return False  # without lookahead nothing is known before the first window
+        start = {"window": START_WINDOW, "first_step": None, "last_step": -1, "minibatches": 0, **state}
+        self._enqueue((start, []))
+        return True
+
     def observe(self, metrics: dict, window: dict | None = None) -> None:
         if metrics and metrics.get("global_step") is not None:
             self._last_step = max(self._last_step, int(metrics["global_step"]))
@@ -159,7 +169,11 @@ class AgentPolicy(Policy):
         if recent and recent[-1].get("hit_rate") is not None:
             window["prev_hit_rate"] = recent[-1]["hit_rate"]  # the trend, for hindsight examples
         self._recent.append(window)
-        item = (window, recent)
+        self._enqueue((window, recent))
+
+    def _enqueue(self, item: tuple[dict, list[dict]]) -> None:
+        """Queues (window, earlier windows) for the agent thread without blocking; when the inbox is
+        full the oldest request is dropped."""
         while True:
             try:
                 self._inbox.put_nowait(item)

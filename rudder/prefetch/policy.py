@@ -6,6 +6,9 @@ A policy is three small methods, each saying when it runs:
   - `setup(ctx)`        once, after the buffer is built (ctx: static facts of the run)
   - `plan(step)`        before each minibatch's features are assembled: replace now? how?
   - `wait_ready(t)`     once, before training starts (a model loading); default: no wait
+  - `start(state)`      once, before the first minibatch is planned, with the buffer's start
+                        state (buffer_state: fill, stale slots, what the minibatches sampled
+                        ahead lack); returns True when a decision on it will arrive later
   - `observe(metrics)`  after each minibatch, with its measured metrics (and, every `window`
                         minibatches, the window aggregate)
 and `close()` at the end. Adding a policy = one class + one registry line (policies.py).
@@ -87,6 +90,11 @@ class Policy:
 
     def plan(self, step: StepInfo) -> Replace | None:
         return None
+
+    def start(self, state: dict) -> bool:
+        """state: rudder.prefetch.metrics.buffer_state over the first minibatch and those sampled
+        ahead of it. True: an asynchronous decision on it is coming (a replay may wait for it)."""
+        return False
 
     def observe(self, metrics: dict, window: dict | None = None) -> None:
         """metrics: one MINIBATCH_FIELDS record; window: a WINDOW_FIELDS record when one closes."""

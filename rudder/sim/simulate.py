@@ -352,6 +352,8 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
             epoch=epochs[g], step=steps[g], global_step=g, remaining_steps=S - g,
             future_remote=future, stale_slots=buf.stale_count(), buffer_fill=buf.size,
         )
+        if g == 0 and pol.start(_buffer_state(buf, [remote, *future])) and agent_sync:
+            waited += _wait_for_answer(pol, agent_wait_s)  # the start decision applies at step 0
         plan = pol.plan(info)
         sp = begin_step(buf, remote, plan, future)
         finish_step(buf, sp)
@@ -374,9 +376,7 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
         if window is not None:
             windows.append(window)
             if agent_sync:
-                tw = time.perf_counter()
-                _wait_for_answer(pol, agent_wait_s)
-                waited += time.perf_counter() - tw
+                waited += _wait_for_answer(pol, agent_wait_s)
         decisions.extend(pol.decisions())
     seconds = time.perf_counter() - t0 - waited
     pol.close()  # (a trailing partial window is not closed: training does not close it either)
@@ -429,11 +429,14 @@ def _epoch_ends(epoch: np.ndarray) -> list[int]:
 from rudder.prefetch.metrics import buffer_state as _buffer_state  # noqa: E402  (one definition)
 
 
-def _wait_for_answer(pol, timeout_s: float) -> None:
-    """Blocks until an asynchronous policy (AgentPolicy) has an answer queued for plan()."""
+def _wait_for_answer(pol, timeout_s: float) -> float:
+    """Blocks until an asynchronous policy (AgentPolicy) has an answer queued for plan();
+    returns the seconds waited (not replay time)."""
     wait = getattr(pol, "wait_for_decision", None)
+    t0 = time.perf_counter()
     if wait is not None:
         wait(timeout_s)
+    return time.perf_counter() - t0
 
 
 def _minibatch_items(trace: Trace):

@@ -16,6 +16,7 @@ scalars: capacity, feat_bytes (bytes per feature row), part_id, num_parts.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,16 @@ class Trace:
         starts = np.flatnonzero(new)
         first = starts[np.cumsum(new) - 1]
         return np.arange(S) - first
+
+    def digest(self) -> str:
+        """A short content hash (halo, accesses, epochs, initial fill, capacity): replays are
+        comparable only on the same digest. A regenerated trace of the same spec and seed can
+        differ: DGL's METIS assignment and its loader's shuffle are not reproducible run to run."""
+        h = hashlib.sha256()
+        for a in (self.halo, self.offsets, self.ids, self.epoch, self.init):
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(str(self.capacity).encode())
+        return h.hexdigest()[:12]
 
     # ---- halo positions -------------------------------------------------------------------
     def halo_positions(self) -> tuple[np.ndarray, np.ndarray]:
