@@ -266,6 +266,7 @@ def verdict(rows: list[dict]) -> dict:
             "target_90pct_belady": a["hits"] >= 0.9 * opt["hits"],
             "best_same_depth_by_rows": best_same["policy"],
             "rows_over_best_same_depth": round(a["fetched_rows"] / max(best_same["fetched_rows"], 1), 4),
+            "rows_minus_best_same_depth": a["fetched_rows"] - best_same["fetched_rows"],
             "best_grid_by_rows": best_all["policy"],
             "rows_over_best_grid": round(a["fetched_rows"] / max(best_all["fetched_rows"], 1), 4),
         }
@@ -288,6 +289,8 @@ def main() -> int:
     ap.add_argument("--agent-prompt", default="default", help="prompt variant (rudder.agent.context.VARIANTS)")
     ap.add_argument("--policies", nargs="+", default=None,
                     help="replay only these (default: the baselines, classifiers, agent, belady)")
+    ap.add_argument("--trace-seed", type=int, default=0,
+                    help="sampling seed of the bench/untuned traces (another sample of the same config)")
     ap.add_argument("--max-minibatches", type=int, default=None, help="replay a trace's head only (smoke)")
     ap.add_argument("--out", default="benchmarks/results/agent_sim.md")
     ap.add_argument("--pause-file", default=PAUSE_FILE, help="wait while this file exists ('' = never)")
@@ -304,8 +307,9 @@ def main() -> int:
 
     yield_to(args.pause_file)
     if "traces" in args.steps:
-        for name in ["train", *args.configs]:
-            load_or_generate(args.trace_dir, name)
+        load_or_generate(args.trace_dir, "train")
+        for name in args.configs:
+            load_or_generate(args.trace_dir, name, args.trace_seed)
     if "collect" in args.steps:
         yield_to(args.pause_file)
         trace, source = load_or_generate(args.trace_dir, "train")
@@ -339,14 +343,14 @@ def main() -> int:
             if any(p.split("@")[0] == "agent" for p in policies) else None
         try:
             for name in args.configs:
-                trace, source = load_or_generate(args.trace_dir, name)
+                trace, source = load_or_generate(args.trace_dir, name, args.trace_seed)
                 if args.max_minibatches:
                     trace = trace.head(args.max_minibatches)
                 digest = trace.digest()
                 stored = report["configs"].get(name, {}).get("trace")
                 if args.policies and stored and stored != digest:
                     raise SystemExit(f"{name}: the stored rows were replayed on trace {stored}, "
-                                     f"{trace_dir(args.trace_dir, name)} is {digest}; replay every "
+                                     f"{trace_dir(args.trace_dir, name, args.trace_seed)} is {digest}; replay every "
                                      "policy (omit --policies) or use the traces they were replayed on")
                 C = int(FRACTION * trace.num_halo)
                 rows = []
@@ -365,7 +369,7 @@ def main() -> int:
                     old = report["configs"][name]["rows"]
                     rows = [new.pop(s["policy"], s) for s in old] + list(new.values())
                 names = {s["policy"] for s in rows}
-                report["configs"][name] = {"config": CONFIGS[name], "trace": digest,
+                report["configs"][name] = {"config": {**CONFIGS[name], "seed": args.trace_seed}, "trace": digest,
                                            "capacity": C, "halo": trace.num_halo,
                                            "minibatches": trace.num_minibatches,
                                            "accesses": trace.num_accesses, "rows": rows, "code": report["code"],

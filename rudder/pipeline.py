@@ -145,7 +145,7 @@ class MinibatchPipeline:
             )
             t_pol = time.perf_counter()
             if gstep == 0 and buf is not None:  # what the buffer lacks of the known future, once
-                self.policy.start(buffer_state(buf, [remote, *future]))
+                self.policy.start(lambda: buffer_state(buf, [remote, *future]))
             plan = self.policy.plan(info) if buf is not None else None
             t_pol = time.perf_counter() - t_pol  # the agent's cost to training: queue polls only
             if self.trace_writer is not None:

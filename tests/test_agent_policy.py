@@ -394,7 +394,7 @@ def test_start_decision_steers_from_the_first_minibatch():
     backend = ScriptedBackend([answer(True, "large"), answer(False, "small", "flat", "flat")])
     pol = make(backend)
     pol.setup(ctx())
-    assert pol.start({"buffer_fill": 1000, "stale_slots": 0, "lookahead_missing": 900, "lookahead_rows": 900})
+    assert pol.start(lambda: {"buffer_fill": 1000, "stale_slots": 0, "lookahead_missing": 900, "lookahead_rows": 900})
     assert pol.wait_for_decision(5.0)
     plans = [pol.plan(step(g)) for g in range(5)]
     assert all(r is not None and r.mechanism == "lookahead" and r.max_rows == budget_rows("large", 1000)
@@ -416,6 +416,6 @@ def test_start_decision_steers_from_the_first_minibatch():
 def test_no_start_decision_without_lookahead_or_when_switched_off():
     for pol in (make(ScriptedBackend([answer()])), make(ScriptedBackend([answer()]), start_decision=False)):
         pol.setup(ctx(lookahead=0) if pol.agent_cfg.start_decision else ctx())
-        assert pol.start({"buffer_fill": 1000, "lookahead_missing": 0}) is False
+        assert pol.start(lambda: pytest.fail("state scanned by a policy that asks nothing")) is False
         assert pol.wait_for_decision(0.05) is False
         pol.close()

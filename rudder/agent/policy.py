@@ -151,10 +151,10 @@ class AgentPolicy(Policy):
         self._thread = threading.Thread(target=self._run, name=f"agent-r{ctx.rank}", daemon=True)
         self._thread.start()
 
-    def start(self, state: dict) -> bool:
+    def start(self, state) -> bool:
         if self.mechanism != "lookahead" or not self.agent_cfg.start_decision:
             return False  # without lookahead nothing is known before the first window
-        start = {"window": START_WINDOW, "first_step": None, "last_step": -1, "minibatches": 0, **state}
+        start = {"window": START_WINDOW, "first_step": None, "last_step": -1, "minibatches": 0, **state()}
         self._enqueue((start, []))
         return True
 

@@ -6,9 +6,9 @@ A policy is three small methods, each saying when it runs:
   - `setup(ctx)`        once, after the buffer is built (ctx: static facts of the run)
   - `plan(step)`        before each minibatch's features are assembled: replace now? how?
   - `wait_ready(t)`     once, before training starts (a model loading); default: no wait
-  - `start(state)`      once, before the first minibatch is planned, with the buffer's start
-                        state (buffer_state: fill, stale slots, what the minibatches sampled
-                        ahead lack); returns True when a decision on it will arrive later
+  - `start(state)`      once, before the first minibatch is planned; state() gives the buffer's
+                        start state (buffer_state: fill, stale slots, what the minibatches
+                        sampled ahead lack); returns True when a decision on it will arrive later
   - `observe(metrics)`  after each minibatch, with its measured metrics (and, every `window`
                         minibatches, the window aggregate)
 and `close()` at the end. Adding a policy = one class + one registry line (policies.py).
@@ -16,7 +16,7 @@ and `close()` at the end. Adding a policy = one class + one registry line (polic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -91,9 +91,10 @@ class Policy:
     def plan(self, step: StepInfo) -> Replace | None:
         return None
 
-    def start(self, state: dict) -> bool:
-        """state: rudder.prefetch.metrics.buffer_state over the first minibatch and those sampled
-        ahead of it. True: an asynchronous decision on it is coming (a replay may wait for it)."""
+    def start(self, state: Callable[[], dict]) -> bool:
+        """state(): rudder.prefetch.metrics.buffer_state over the first minibatch and those sampled
+        ahead of it (a scan of the known future: called only by a policy that uses it). True: an
+        asynchronous decision on it is coming (a replay may wait for it)."""
         return False
 
     def observe(self, metrics: dict, window: dict | None = None) -> None:

@@ -352,7 +352,7 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
             epoch=epochs[g], step=steps[g], global_step=g, remaining_steps=S - g,
             future_remote=future, stale_slots=buf.stale_count(), buffer_fill=buf.size,
         )
-        if g == 0 and pol.start(_buffer_state(buf, [remote, *future])) and agent_sync:
+        if g == 0 and pol.start(lambda: _buffer_state(buf, [remote, *future])) and agent_sync:
             waited += _wait_for_answer(pol, agent_wait_s)  # the start decision applies at step 0
         plan = pol.plan(info)
         sp = begin_step(buf, remote, plan, future)
