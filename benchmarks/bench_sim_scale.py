@@ -7,8 +7,9 @@
 `agent` replays with a real LLM in the loop (--agent-model; one model loaded once for every
 cell, each window's answer applied at the next minibatch); `classifier:NAME` loads NAME from
 --models-dir, `classifier:best` the one with the highest cross-validated accuracy there (as
-trained by benchmarks/bench_agent_sim.py). The agent decides once per window of 10 minibatches,
-so cells with fewer than 10 minibatches see no decision from it.
+trained by benchmarks/bench_agent_sim.py). The agent decides once before the first minibatch
+(the start decision) and once per window of 10 minibatches, so cells with fewer than 10
+minibatches see only the start decision.
 """
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def run(args, agent) -> None:
     lines += ["", "Replay throughput (median over runs, M accesses/s, one thread): " +
               ", ".join(f"{p} {sorted(v)[len(v) // 2] / 1e6:.1f}" for p, v in speeds.items())]
     if agent_cells:
-        lines += ["", f"Agent ({args.agent_model}, 1 thread; one decision per 10 minibatches): per cell "
+        lines += ["", f"Agent ({args.agent_model}, 1 thread; a start decision, then one per 10 minibatches): per cell "
                   "P/fraction: minibatches, decisions (replaces, fallbacks), mean s/decision, gap to Belady "
                   "(1 - hits/Belady's hits)", ""]
         lines += [f"- P={P}, {frac}: {s['minibatches']} minibatches, {s['decisions']} decisions "

@@ -198,3 +198,25 @@ def test_first_window_says_it_has_no_trend():
     assert "(first window: no trend yet)" in b.render_window(WINDOW)
     with_trend = b.render_window(WINDOW, [0.35])
     assert "no trend" not in with_trend and "falling (-4.0 pt)" in with_trend
+
+
+def test_start_prompt_shows_no_measurements_and_its_grammar_no_trend():
+    """The start decision (window START_WINDOW, before any minibatch): the prompt states that nothing
+    is measured yet, and the grammar admits no hit-rate part in the reason (Qwen-0.5B otherwise
+    wrote "hit rate falling" about a window that never ran); later windows keep the full form."""
+    from rudder.agent.messages import START_WINDOW
+
+    b = ContextBuilder(ctx(), "default")
+    start = {"window": START_WINDOW, "first_step": None, "last_step": -1, "minibatches": 0,
+             "buffer_fill": 1000, "stale_slots": 0, "lookahead_missing": 900, "lookahead_rows": 900}
+    p = b.build(start)
+    text = p.messages[-1]["content"]
+    assert "Start of training: no minibatch has run yet" in text and "lookahead missing 900 nodes" in text
+    assert "Window" not in text.split("Recent decisions")[1]
+    later = b.build(WINDOW, [], [0.3])
+    for prompt, trend_ok in ((p, False), (later, True)):
+        pat = re.compile(next(a for a in prompt.schema["anyOf"]
+                              if a["properties"]["replace"]["const"])["properties"]["reason"]["pattern"])
+        assert pat.match("lookahead on, much missing ahead: replace")
+        assert bool(pat.match("hit rate falling, lookahead on, much missing ahead: replace")) is trend_ok
+    assert p.hash == later.hash  # one prompt design

@@ -237,11 +237,12 @@ class ContextBuilder:
         self.variant = get_variant(variant)
         self.history_k = history
         self.schema = answer_schema(self.variant.reason_first, self.variant.evidence_reason)
+        self.start_schema = answer_schema(self.variant.reason_first, self.variant.evidence_reason, measured=False)
         self.answer_text = ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST
         self.system = SYSTEM_TEMPLATE + "\n" + self.answer_text  # constant per variant: cached
         design = {
             "variant": asdict(self.variant), "system": SYSTEM_TEMPLATE, "run": RUN_TEMPLATE,
-            "schema": self.schema, "answer": self.answer_text,
+            "schema": self.schema, "start_schema": self.start_schema, "answer": self.answer_text,
             "canned": [CANNED_CONTEXT, CANNED] if self.variant.examples != "none" else None,
         }
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
@@ -396,7 +397,8 @@ class ContextBuilder:
             msgs.append({"role": "assistant", "content": json.dumps(_ordered(answer, self.variant.reason_first))})
         user = "\n".join([self.static_text(), self.render_history(hist), self.render_window(window, recent)])
         msgs.append({"role": "user", "content": user})
-        return Prompt(msgs, self.schema, self.hash, self.variant.name)
+        schema = self.start_schema if window.get("window") == START_WINDOW else self.schema
+        return Prompt(msgs, schema, self.hash, self.variant.name)
 
 
 def _ordered(answer: dict, reason_first: bool) -> dict:

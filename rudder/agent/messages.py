@@ -82,24 +82,28 @@ class Answer(BaseModel):
 
 # The evidence form the examples' reasons take (rudder.agent.context.evidence), as a pattern:
 # the hit-rate trend (or level in a first window), the mechanism, how much is missing ahead.
-EVIDENCE_PATTERN = ("(hit rate (rising|steady|falling|[0-9]{1,3}%), )?"
-                    "lookahead (on(, (much|little) missing ahead)?|off)")
+EVIDENCE_TREND = "(hit rate (rising|steady|falling|[0-9]{1,3}%), )?"
+EVIDENCE_LOOKAHEAD = "lookahead (on(, (much|little) missing ahead)?|off)"
+EVIDENCE_PATTERN = EVIDENCE_TREND + EVIDENCE_LOOKAHEAD
 
 
-def answer_schema(reason_first: bool = True, evidence_reason: bool = False) -> dict[str, Any]:
+def answer_schema(reason_first: bool = True, evidence_reason: bool = False, measured: bool = True) -> dict[str, Any]:
     """JSON schema of Answer, properties in generation order (llama.cpp's grammar follows it).
     reason_first lets the model write its reasoning before it commits to the decision.
     Two alternatives, one per decision: the reason's closing words fix `replace` (reason first),
     or `replace` fixes how the reason must end (decision first), so the two always agree.
     evidence_reason: the reason must take the evidence form itself (EVIDENCE_PATTERN), not only
-    end with the conclusion: a small model then cannot drift into copying other prompt text."""
+    end with the conclusion: a small model then cannot drift into copying other prompt text.
+    measured=False (the start decision: no window has closed): the evidence has no hit rate, so
+    the model cannot state a trend it has not seen."""
     direction = {"type": "string", "enum": ["up", "down", "flat"]}
     order = ["reason", "replace", "budget", "expected"]
     if not reason_first:
         order = ["replace", "budget", "expected", "reason"]
     # the evidence form, or any short text without quotes, backslashes or line breaks (nothing
     # JSON must escape); then the conclusion
-    head = EVIDENCE_PATTERN if evidence_reason else f'[^"\\\\\\n\\r\\t]{{0,{REASON_HEAD_CHARS}}}'
+    evidence = EVIDENCE_PATTERN if measured else EVIDENCE_LOOKAHEAD
+    head = evidence if evidence_reason else f'[^"\\\\\\n\\r\\t]{{0,{REASON_HEAD_CHARS}}}'
     alternatives = []
     for replace in (True, False):
         props: dict[str, Any] = {
