@@ -180,6 +180,14 @@ def test_inproc_truncated_and_late_fall_back(smollm):
     assert late.fallback == "static" and "late" in late.reason
 
 
+def test_inproc_cancelled_answer_says_so(smollm):
+    """close() cancels an answer in flight: recorded as cancelled, not as a timeout."""
+    stop = threading.Event()
+    stop.set()
+    d = DecisionMaker(smollm, "smollm2-135m", timeout_s=300).decide(short_prompt(), cancel=stop)
+    assert d.fallback == "static" and d.reason.startswith("fallback: cancelled: the run ended")
+
+
 def test_inproc_close_twice_is_safe():
     b = InprocBackend(resolve("smollm2-135m"), threads=1)
     b.close()

@@ -107,7 +107,10 @@ class InprocBackend:
                     choice = chunk["choices"][0]
                     parts.append(choice.get("delta", {}).get("content") or "")
                     finish = choice.get("finish_reason") or finish
-                    if time.monotonic() > deadline or (cancel is not None and cancel.is_set()):
+                    if cancel is not None and cancel.is_set():  # close(): the run is over
+                        finish = finish or "cancelled"
+                        break
+                    if time.monotonic() > deadline:
                         finish = finish or "timeout"
                         break
             finally:
@@ -226,6 +229,8 @@ class DecisionMaker:
         text = comp.text.strip()
         if latency > self.timeout_s:
             return self._fallback(f"late: {latency:.1f} s > {self.timeout_s:.1f} s", text, latency, prompt)
+        if comp.finish_reason == "cancelled":
+            return self._fallback("cancelled: the run ended before the answer", text, latency, prompt)
         if comp.finish_reason != "stop":
             return self._fallback(f"truncated: finish_reason={comp.finish_reason}", text, latency, prompt)
         if not text:
