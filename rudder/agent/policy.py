@@ -40,7 +40,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from rudder.agent.context import ContextBuilder, per_minibatch
 from rudder.agent.decision import DecisionMaker, resolve_fallback, warm_prompt
@@ -151,7 +151,7 @@ class AgentPolicy(Policy):
         self._thread = threading.Thread(target=self._run, name=f"agent-r{ctx.rank}", daemon=True)
         self._thread.start()
 
-    def start(self, state) -> bool:
+    def start(self, state: Callable[[], dict]) -> bool:
         if self.mechanism != "lookahead" or not self.agent_cfg.start_decision:
             return False  # without lookahead nothing is known before the first window
         start = {"window": START_WINDOW, "first_step": None, "last_step": -1, "minibatches": 0, **state()}
