@@ -204,6 +204,11 @@ CANNED: list[dict[str, Any]] = [
 ]
 
 
+def trend_word(delta: float) -> str:
+    """The hit-rate trend as prompts say it: rising / falling / steady (|delta| < HIT_TOL)."""
+    return {"up": "rising", "down": "falling", "flat": "steady"}[direction(delta, HIT_TOL)]
+
+
 def evidence(w: dict, prev: list[float | dict] | tuple = (), capacity: int = 0, lookahead: bool = True) -> str:
     """The reason an answer should start with: hit-rate trend, stale share, missing share.
     Small models copy the form of the examples' reasons; this form makes them copy the evidence
@@ -214,7 +219,7 @@ def evidence(w: dict, prev: list[float | dict] | tuple = (), capacity: int = 0, 
     parts = []
     hr = w.get("hit_rate")
     if hr is not None and prev:
-        parts.append("hit rate " + {"up": "rising", "down": "falling", "flat": "steady"}[direction(hr - prev[-1], HIT_TOL)])
+        parts.append("hit rate " + trend_word(hr - prev[-1]))
     elif hr is not None:
         parts.append(f"hit rate {100 * hr:.0f}%")
     # the deciding facts last, right before the conclusion: the mechanism, then how much is missing
@@ -267,7 +272,6 @@ class ContextBuilder:
     def render_window(self, w: dict, recent: Iterable[float | dict] = ()) -> str:
         """The window in a few lines; `recent`: earlier windows (dicts or hit rates), oldest first."""
         c = self.ctx
-        cap = max(1, c.capacity)
         if w.get("window") == START_WINDOW:
             return self._render_start(w)
         prev = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
@@ -284,8 +288,7 @@ class ContextBuilder:
         hr_line = f"hit_rate {_pct(hr)}"
         if prev and hr is not None:
             d = hr - prev[-1]
-            trend = {"up": "rising", "down": "falling", "flat": "steady"}[direction(d, HIT_TOL)]
-            hr_line += f", {trend} ({100 * d:+.1f} pt); earlier: " + ", ".join(_pct(p) for p in prev[-3:])
+            hr_line += f", {trend_word(d)} ({100 * d:+.1f} pt); earlier: " + ", ".join(_pct(p) for p in prev[-3:])
         elif hr is not None:  # said outright: left unsaid, Qwen-0.5B wrote a trend of its own and kept
             hr_line += " (first window: no trend yet)"
         lines.append(hr_line)
@@ -322,8 +325,7 @@ class ContextBuilder:
         hr = w.get("hit_rate")
         out = []
         if hr is not None and prev:
-            out.append({"up": "hit rate rising", "down": "hit rate falling", "flat": "hit rate steady"}[
-                direction(hr - prev[-1], HIT_TOL)])
+            out.append("hit rate " + trend_word(hr - prev[-1]))
         if w.get("stale_slots") is not None:
             out.append(f"stale share {'high' if w['stale_slots'] / cap >= 0.3 else 'low'}")
         if self.ctx.lookahead > 0 and w.get("lookahead_missing") is not None:
