@@ -65,7 +65,7 @@ def summarize(run_dir: Path, ranks: int) -> dict:
 
 
 def belady_hits(run_dir: Path, ranks: int) -> int:
-    from rudder.prefetch.oracle import belady
+    from rudder.sim.oracle import belady
     from rudder.sim.trace import Trace
 
     total = 0

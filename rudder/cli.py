@@ -16,7 +16,7 @@ AREAS = [
     "rudder.doctor",
     "rudder.data.cli",
     "rudder.run_cli",
-    "rudder.prefetch.cli",
+    "rudder.sim.oracle_cli",
     "rudder.agent.cli",
     "rudder.agent.classifiers_cli",
     "rudder.sim.cli",

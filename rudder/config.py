@@ -33,6 +33,30 @@ class TrainConfig(Strict):
     max_steps_per_epoch: int | None = None  # cap for quick runs and tests
 
 
+# Policy names, known here without importing the registry (rudder.prefetch.policies has one
+# entry per name; a test checks the two agree).
+POLICY_NAMES = ("none", "static", "fixed", "lookahead", "agent", "classifier", "collect")
+# Policies whose runs sample minibatches ahead (prefetch.lookahead deep) for the lookahead round.
+LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier", "collect")
+
+
+def check_policy_name(name: str) -> None:
+    base = name.split(":", 1)[0]
+    if base not in POLICY_NAMES:
+        raise ValueError(
+            f"unknown policy {name!r}; valid: {', '.join(sorted(POLICY_NAMES))} "
+            "(classifier takes a model name: classifier:<name>)"
+        )
+    if base == "classifier" and ":" not in name:
+        raise ValueError("policy 'classifier' needs a model name: classifier:<name>")
+
+
+def sample_ahead(pc: "PrefetchConfig") -> int:
+    """Minibatches the run samples ahead of training: prefetch.lookahead for the policies that
+    use the known future, else 0 (training and every replay read this one rule)."""
+    return pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
+
+
 class PrefetchConfig(Strict):
     policy: str = "none"  # none | static | fixed | lookahead | agent | classifier:<name>
     prefetch_fraction: float = Field(0.25, ge=0, le=1)  # buffer capacity / halo nodes
@@ -98,8 +122,6 @@ class RunConfig(Strict):
     @field_validator("prefetch")
     @classmethod
     def _known_policy(cls, v: PrefetchConfig) -> PrefetchConfig:
-        from rudder.prefetch.policies import check_policy_name
-
         check_policy_name(v.policy)
         return v
 

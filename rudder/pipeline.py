@@ -20,6 +20,7 @@ import torch
 from rudder.prefetch.features import BufferedFeatures, FetchStats
 from rudder.prefetch.metrics import MetricsCollector, buffer_state
 from rudder.prefetch.policy import Policy, StepInfo
+from rudder.records import MinibatchRecord
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Minibatch:
     stall: float = 0.0  # seconds the training thread waited for this minibatch
     mismatched_rows: int = 0  # check mode: rows that differ from a direct pull
     t_policy: float = 0.0  # seconds the loader spent in policy.plan + policy.observe
+    record: MinibatchRecord | None = None  # as the loader saw it; the trainer completes it
 
 
 @dataclass
@@ -155,15 +157,14 @@ class MinibatchPipeline:
             bad = 0
             if self.check:  # here, not in the training thread: DGL RPC stays on one thread
                 bad = int((x != self.feats.dist_feat[input_nodes]).any(dim=1).sum())
-            record = {
-                "epoch": epoch, "step": step, "global_step": gstep, "t_sample": t_sample,
-                **stats.as_dict(),
-                "hit_rate": stats.hits / stats.remote_rows if stats.remote_rows else 0.0,
-                "t_compute": self.state.last_t_compute, "t_stall": self.state.last_t_stall,
-            }
+            # the window aggregates see the training thread's last compute and stall times
+            rec = MinibatchRecord.of_step(epoch, step, gstep, stats, t_sample=t_sample,
+                                          t_compute=self.state.last_t_compute,
+                                          t_stall=self.state.last_t_stall)
+            record = rec.to_dict()
             window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future))
             t_obs = time.perf_counter()
             self.policy.observe(record, window)
             t_pol += time.perf_counter() - t_obs
             self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
-                                  window, mismatched_rows=bad, t_policy=t_pol))
+                                  window, mismatched_rows=bad, t_policy=t_pol, record=rec))

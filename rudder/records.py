@@ -21,40 +21,250 @@ import platform
 import socket
 import sys
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-MINIBATCH_FIELDS = [
-    "epoch", "step", "global_step",  # step within epoch; global_step across epochs
-    "input_rows", "local_rows", "remote_rows",  # remote = owned by another partition
-    "hits", "misses",  # remote rows served by the buffer / pulled
-    "replaced_rows",  # rows admitted into the buffer this minibatch (pulled with the misses)
-    "fetched_rows", "fetched_bytes",  # misses + replaced_rows: what crossed the network
-    "hit_rate",  # hits / remote_rows (0 when remote_rows == 0)
-    "t_sample", "t_fetch", "t_buffer", "t_compute", "t_stall",  # seconds
-    "loss",
-]
-EPOCH_FIELDS = [
-    "epoch", "t_epoch", "t_sample", "t_fetch", "t_buffer", "t_compute", "t_stall",
-    "loss", "train_acc", "val_acc", "minibatches", "input_rows", "remote_rows", "hits",
-    "fetched_rows", "fetched_bytes", "replaced_rows", "initial_fill_rows",
-]
-WINDOW_FIELDS = [
-    "window", "first_step", "last_step", "minibatches", "hit_rate", "remote_rows",
-    "fetched_rows", "replaced_rows", "t_fetch", "t_stall", "t_minibatch",
-    "buffer_fill", "stale_slots", "lookahead_missing", "lookahead_rows",
-]
-DECISION_FIELDS = [
-    "decision", "window", "decided_step", "applied_step", "staleness", "policy", "model",
-    "backend", "prompt_hash", "raw", "replace", "budget", "expected_hit_rate",
-    "expected_remote_rows", "reason", "latency_s", "fallback",
+# ---- the four records ---------------------------------------------------------------------
+# Each record is a dataclass: its fields, in order, are the contract (the *_FIELDS lists below and
+# the DuckDB columns of rudder.results are derived from them). A field's column kind is read from
+# its type (int/float/str/bool), or from metadata["kind"] where the type alone does not say it.
+# metadata["extra"]: written when set, but not a column (the store keeps it in `extra`).
+def _extra(default=None) -> Any:
+    return field(default=default, metadata={"extra": True})
+
+
+def _kind(kind: str, default=None) -> Any:
+    return field(default=default, metadata={"kind": kind})
+
+
+@dataclass
+class StepStats:
+    """What one minibatch did at the buffer: the step's statistics. Training's FetchStats
+    (rudder.prefetch.features) has these very fields; the simulator builds one with `of_counts`."""
+
+    input_rows: int | None = 0  # None: not recorded (a generated trace)
+    local_rows: int | None = 0
+    remote_rows: int = 0  # owned by another partition
+    hits: int = 0  # remote rows served by the buffer
+    misses: int = 0  # remote rows pulled
+    replaced_rows: int = 0  # rows pulled only to be admitted into the buffer
+    admitted_rows: int = 0  # slots changed this minibatch (admitted misses cost no extra row)
+    fetched_rows: int = 0  # misses + replaced_rows: what crossed the network
+    fetched_bytes: int = 0
+    t_fetch: float = 0.0
+    t_buffer: float = 0.0
+
+    @classmethod
+    def of_counts(cls, input_rows: int | None, hits: int, misses: int, replaced_rows: int,
+                  admitted_rows: int, row_bytes: int) -> "StepStats":
+        """From a replay's counts (no timings); input_rows None or < 0 = unknown."""
+        remote = hits + misses
+        known = input_rows is not None and input_rows >= 0
+        fetched = misses + replaced_rows
+        return cls(input_rows if known else None, input_rows - remote if known else None, remote,
+                   hits, misses, replaced_rows, admitted_rows, fetched, fetched * row_bytes)
+
+
+def hit_rate(hits: float, remote_rows: float) -> float:
+    """hits / remote_rows; 0 when nothing was remote."""
+    return hits / remote_rows if remote_rows else 0.0
+
+
+@dataclass
+class MinibatchRecord:
+    """One line of minibatches-r<R>.jsonl: made only by `of_step`, from the step's statistics
+    (the loader/pipeline and the simulator; the trainer adds loss and compute time)."""
+
+    epoch: int
+    step: int  # within the epoch
+    global_step: int  # across epochs
+    input_rows: int | None
+    local_rows: int | None
+    remote_rows: int  # remote = owned by another partition
+    hits: int  # remote rows served by the buffer
+    misses: int  # ... and pulled
+    replaced_rows: int  # rows admitted into the buffer this minibatch (pulled with the misses)
+    fetched_rows: int  # misses + replaced_rows: what crossed the network
+    fetched_bytes: int
+    hit_rate: float  # hits / remote_rows (0 when remote_rows == 0)
+    t_sample: float = 0.0  # seconds
+    t_fetch: float = 0.0
+    t_buffer: float = 0.0
+    t_compute: float = 0.0
+    t_stall: float = 0.0
+    loss: float | None = None
+    admitted_rows: int = _extra(0)  # slots changed (StepStats)
+    t_policy: float | None = _extra()  # the loader's seconds in policy.plan + observe
+
+    @classmethod
+    def of_step(cls, epoch: int, step: int, global_step: int, stats: Any, *, t_sample: float = 0.0,
+                t_compute: float = 0.0, t_stall: float = 0.0, loss: float | None = None,
+                t_policy: float | None = None) -> "MinibatchRecord":
+        """stats: StepStats or anything with its fields (FetchStats)."""
+        s = stats
+        return cls(epoch, step, global_step, s.input_rows, s.local_rows, s.remote_rows, s.hits,
+                   s.misses, s.replaced_rows, s.fetched_rows, s.fetched_bytes,
+                   hit_rate(s.hits, s.remote_rows), t_sample, s.t_fetch, s.t_buffer, t_compute,
+                   t_stall, loss, s.admitted_rows, t_policy)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+@dataclass
+class EpochRecord:
+    """One line of epochs-r<R>.jsonl: the totals of an epoch's minibatch records (`EpochTotals`)
+    and what only the epoch knows (accuracy, the initial fill)."""
+
+    epoch: int
+    t_epoch: float | None = None
+    t_sample: float | None = None
+    t_fetch: float | None = None
+    t_buffer: float | None = None
+    t_compute: float | None = None
+    t_stall: float | None = None
+    loss: float | None = None  # mean over the epoch's minibatches
+    train_acc: float | None = None
+    val_acc: float | None = None
+    minibatches: int | None = None
+    input_rows: int | None = None
+    remote_rows: int | None = None
+    hits: int | None = None
+    fetched_rows: int | None = None
+    fetched_bytes: int | None = None
+    replaced_rows: int | None = None
+    initial_fill_rows: int | None = None
+    t_policy: float | None = _extra()
+    t_initial_fill: float | None = _extra()
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+class EpochTotals:
+    """Sums an epoch's MinibatchRecords into an EpochRecord (trainer and simulator alike)."""
+
+    SUMS = ("t_sample", "t_fetch", "t_buffer", "t_compute", "t_stall", "input_rows", "remote_rows",
+            "hits", "fetched_rows", "fetched_bytes", "replaced_rows")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Any] = dict.fromkeys(self.SUMS, 0)
+        self.t_policy: float | None = None
+        self.loss = 0.0
+        self.losses = 0
+        self.n = 0
+
+    def add(self, r: MinibatchRecord) -> None:
+        for k in self.SUMS:
+            v, tot = getattr(r, k), self.sums[k]
+            self.sums[k] = None if v is None or tot is None else tot + v  # unknown stays unknown
+        if r.t_policy is not None:
+            self.t_policy = (self.t_policy or 0.0) + r.t_policy
+        if r.loss is not None:
+            self.loss += r.loss
+            self.losses += 1
+        self.n += 1
+
+    def record(self, epoch: int, **only_epoch: Any) -> EpochRecord:
+        """only_epoch: t_epoch, train_acc, val_acc, initial_fill_rows, t_initial_fill."""
+        loss = self.loss / max(self.n, 1) if self.losses else None
+        return EpochRecord(epoch=epoch, **self.sums, loss=loss, minibatches=self.n,
+                           t_policy=self.t_policy, **only_epoch)
+
+
+@dataclass
+class WindowRecord:
+    """One line of windows-r<R>.jsonl: made by rudder.prefetch.metrics.MetricsCollector."""
+
+    window: int
+    first_step: int
+    last_step: int
+    minibatches: int
+    hit_rate: float
+    remote_rows: int
+    fetched_rows: int
+    replaced_rows: int
+    t_fetch: float  # mean per minibatch
+    t_stall: float
+    t_minibatch: float
+    buffer_fill: int = 0  # the buffer at the window's close (rudder.prefetch.metrics.buffer_state)
+    stale_slots: int = 0
+    lookahead_missing: int = 0
+    lookahead_rows: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+@dataclass
+class DecisionRecord:
+    """One line of decisions-r<R>.jsonl (agent: rudder.agent.messages.Decision.to_record;
+    windowed policies: rudder.agent.trajectories)."""
+
+    decision: int | None = None
+    window: int | None = None
+    decided_step: int | None = None
+    applied_step: int | None = None
+    staleness: float | None = None  # minibatches between decided_step and applied_step
+    policy: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    prompt_hash: str | None = None
+    raw: str | None = None
+    replace: bool | None = None
+    budget: float | None = None  # a share of capacity (or the agent's word: kept in `extra`)
+    # a prediction may be a direction ("up"/"down"/"flat") or a number: kept as text
+    expected_hit_rate: str | None = None
+    expected_remote_rows: str | None = None
+    reason: str | None = None
+    latency_s: float | None = None
+    fallback: Any = _kind("flag")  # True/False, or which fallback applied ("timeout": True, kept)
     # the measured outcome, window after vs the window the decision judged, as a direction
     # (up|down|flat|null: `direction` below) and as a number (null when not measured):
-    "outcome_hit_rate", "outcome_remote_rows",  # directions
-    "outcome_hit_delta",  # hit-rate change in fraction units (0..1 scale: 0.01 = 1 point)
-    "outcome_rows_delta",  # relative change of fetched rows per minibatch (0.1 = +10%)
-    "correct",
-]
+    outcome_hit_rate: str | None = None  # directions
+    outcome_remote_rows: str | None = None
+    outcome_hit_delta: float | None = None  # hit-rate change in fraction units (0.01 = 1 point)
+    outcome_rows_delta: float | None = None  # relative change of fetched rows per minibatch (0.1 = +10%)
+    correct: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+def _as_dict(rec: Any) -> dict[str, Any]:
+    """Fields in order; an extra field only when set."""
+    return {f.name: getattr(rec, f.name) for f in fields(rec)
+            if not (f.metadata.get("extra") and getattr(rec, f.name) is None)}
+
+
+def contract_fields(cls: type) -> list[str]:
+    """The record's column fields, in order (extras left out)."""
+    return [f.name for f in fields(cls) if not f.metadata.get("extra")]
+
+
+_KINDS = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
+
+
+def column_kinds(cls: type) -> dict[str, str]:
+    """{field: column kind} (int, float, str, bool, flag) for the results store."""
+    out = {}
+    for f in fields(cls):
+        if f.metadata.get("extra"):
+            continue
+        kind = f.metadata.get("kind") or _KINDS.get(str(f.type).split("|")[0].strip())
+        if kind is None:
+            raise TypeError(f"{cls.__name__}.{f.name}: no column kind for type {f.type!r}")
+        out[f.name] = kind
+    return out
+
+
+MINIBATCH_FIELDS = contract_fields(MinibatchRecord)
+EPOCH_FIELDS = contract_fields(EpochRecord)
+WINDOW_FIELDS = contract_fields(WindowRecord)
+DECISION_FIELDS = contract_fields(DecisionRecord)
+RECORDS = {"minibatches": MinibatchRecord, "epochs": EpochRecord, "windows": WindowRecord,
+           "decisions": DecisionRecord}  # file prefix / DuckDB table -> record
 
 # A hit-rate change under 1 point, or a fetched-rows change under 2%, counts as "flat": the
 # window-to-window noise of shuffled minibatches is of that order.
@@ -137,9 +347,20 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def update_run_json(run_dir: Path, **fields: Any) -> dict:
+def read_run(run_dir: str | Path, missing_ok: bool = False) -> dict:
+    """The run directory's run.json ({} when it is absent and missing_ok; else an error naming
+    the path)."""
     path = Path(run_dir) / "run.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        if missing_ok:
+            return {}
+        raise FileNotFoundError(f"no run.json in {run_dir}")
+    return json.loads(path.read_text())
+
+
+def update_run_json(run_dir: Path, **fields: Any) -> dict:
+    data = read_run(run_dir, missing_ok=True)
+    path = Path(run_dir) / "run.json"
     data.update(fields)
     data["updated_at"] = time.time()
     write_json_atomic(path, data)

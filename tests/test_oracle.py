@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rudder.prefetch.oracle import belady, next_uses
+from rudder.sim.oracle import belady, next_uses
 from rudder.records import JsonlWriter
 from rudder.sim.simulate import simulate
 from rudder.sim.trace import Trace
@@ -170,7 +170,7 @@ def test_oracle_cli_errors(tmp_path):
 
 def test_oracle_matches_records_prefix(tmp_path):
     """A run that stopped early is compared on the minibatches it has."""
-    from rudder.prefetch.cli import compare_run
+    from rudder.sim.oracle_cli import compare_run
 
     t = random_trace(halo=100, minibatches=20, batch=30, seed=4)
     t.save(tmp_path / "trace-r1.npz")

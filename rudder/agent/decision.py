@@ -46,7 +46,9 @@ def resolve_fallback(name: str, lookahead: int = 0) -> str:
     """AgentConfig.fallback "auto": the lookahead policy when the run samples ahead (the best
     known baseline there), else static (a MassiveGNN round without a model seldom pays)."""
     if name == "auto":
-        return "lookahead" if lookahead > 0 else "static"
+        from rudder.prefetch.policy import mechanism_for  # torch: not for every importer
+
+        return "lookahead" if mechanism_for(lookahead) == "lookahead" else "static"
     if name not in FALLBACKS:
         raise ValueError(f"agent fallback {name!r} not usable; valid: auto, {', '.join(FALLBACKS)}")
     return name

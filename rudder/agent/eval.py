@@ -26,7 +26,9 @@ from typing import Any, Iterable
 
 from rudder.agent.context import HIT_TOL, ContextBuilder, direction
 from rudder.agent.decision import Backend, DecisionMaker, HttpBackend, InprocBackend, warm_prompt
+from rudder.agent.judge import agrees
 from rudder.agent.messages import HistoryEntry, budget_rows
+from rudder.records import read_run
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +116,7 @@ def evaluate(maker: DecisionMaker, windows: list[dict], variant: str, history_k:
         builder = ContextBuilder(rec["context"], variant, history_k)
         prompt = builder.build(rec["window"], rec.get("history") or [], rec.get("recent") or [])
         d = maker.decide(prompt)
-        ok = d.fallback is None and d.replace == bool(rec["label_replace"])
+        ok = bool(agrees(d.replace, bool(rec["label_replace"]), d.fallback))
         res.n += 1
         res.correct += ok
         res.fallbacks += d.fallback is not None
@@ -221,10 +223,9 @@ HORIZON = 2  # windows after a replacement over which its gain is counted
 
 def _run_context(run_dir: Path, rank: int) -> dict:
     """The trainer's RunContext as saved in run.json (`contexts: {rank: {...}}` or `context`)."""
-    p = run_dir / "run.json"
-    if not p.exists():
+    data = read_run(run_dir, missing_ok=True)
+    if not data:
         return {}
-    data = json.loads(p.read_text())
     ctxs = data.get("contexts") or {}
     ctx = ctxs.get(str(rank)) or ctxs.get(rank) or data.get("context") or {}
     if not ctx and (data.get("sim") or {}).get("source"):  # a replay: rebuilt from its trace

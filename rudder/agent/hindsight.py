@@ -34,12 +34,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rudder.agent.judge import KEEP_MARGIN, REPLACE_MARGIN, agrees, hindsight_label  # noqa: F401 (re-exported)
 from rudder.agent.messages import Decision, budget_rows
-from rudder.records import read_jsonl
+from rudder.prefetch.policy import budget_rows as share_rows
+from rudder.prefetch.policy import mechanism_for
+from rudder.records import read_jsonl, read_run
 
 HORIZON = 2  # windows counted after the decision (the replace regime acts in the first)
-REPLACE_MARGIN = 0.005  # a replacement must save more than 0.5% of the horizon's remote rows
-KEEP_MARGIN = 0.0  # keep is right when replacing saves nothing
 
 
 class RandomDecisionMaker:
@@ -92,11 +93,10 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5
 
 def _sim_inputs(run_dir: Path, rank: int):
     """(trace, prefetch config, capacity, start, RunContext, future depth) of a simulated run."""
-    from rudder.config import PrefetchConfig
-    from rudder.prefetch.policies import LOOKAHEAD_POLICIES
+    from rudder.config import PrefetchConfig, sample_ahead
     from rudder.sim.simulate import load_source, rank_source, run_context
 
-    meta = json.loads((run_dir / "run.json").read_text())
+    meta = read_run(run_dir)
     sim = meta.get("sim")
     if not sim or not sim.get("source"):
         raise ValueError(f"{run_dir} is not a simulated run (run.json has no sim.source): "
@@ -111,8 +111,7 @@ def _sim_inputs(run_dir: Path, rank: int):
     C = int(sim.get("capacity") or trace.capacity)
     start = sim.get("start") or "init"
     ctx = run_context(trace, pc, C, rank, rank_source(source, rank))
-    depth = pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
-    return trace, pc, C, start, ctx, depth
+    return trace, pc, C, start, ctx, sample_ahead(pc)
 
 
 def sim_context(run_dir: str | Path, rank: int = 0) -> dict:
@@ -129,16 +128,17 @@ def _fallback_policy(run_dir: Path, ctx, pc):
     as AgentPolicy sets it up), or None for runs of other windowed policies (no fallback)."""
     from rudder.agent.policy import fallback_policy
 
-    cfg = json.loads((run_dir / "run.json").read_text()).get("config") or {}
+    cfg = read_run(run_dir).get("config") or {}
     if (cfg.get("prefetch") or {}).get("policy", "agent") != "agent":
         return None
     return fallback_policy((cfg.get("agent") or {}).get("fallback", "auto"), pc, ctx)
 
 
 def _rows(budget: Any, capacity: int) -> int:
+    """A budget word (the agent's) or a share of capacity, as rows."""
     if isinstance(budget, str):
         return budget_rows(budget, capacity)
-    return max(1, int(round(float(budget) * capacity)))
+    return share_rows(float(budget), capacity)
 
 
 def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORIZON,
@@ -156,7 +156,7 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
 
     run_dir = Path(run_dir)
     trace, pc, C, start, ctx, depth = _sim_inputs(run_dir, rank)
-    mech = "lookahead" if ctx.lookahead > 0 else "massivegnn"
+    mech = mechanism_for(ctx.lookahead)
     admit = getattr(pc, "admit", "misses")
     decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
     applied = {int(d["applied_step"]): d for d in decisions if d.get("applied_step") is not None}
@@ -230,19 +230,6 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
     return out
 
 
-def hindsight_label(cf: dict | None, replace_margin: float = REPLACE_MARGIN,
-                    keep_margin: float = KEEP_MARGIN) -> bool | None:
-    """replace (True) when the counterfactual gain beats replace_margin of the horizon's remote
-    rows; keep (False) when it is at most keep_margin; None in between (too close to call)."""
-    if cf is None:
-        return None
-    if cf["share"] > replace_margin:
-        return True
-    if cf["share"] <= keep_margin:
-        return False
-    return None
-
-
 def check_labels(records: list[dict], run_dir: str | Path, horizon: int = HORIZON) -> list[dict]:
     """Adds `hindsight` (counterfactual gain, share, label) to each labelled record of this run
     (from label_windows_from_run) and `agrees` (the run's label equals the counterfactual's)."""
@@ -258,6 +245,6 @@ def check_labels(records: list[dict], run_dir: str | Path, horizon: int = HORIZO
         rec["hindsight"] = None if cf is None else {
             "gain_rows": cf["gain"], "gain_share": round(cf["share"], 5), "label": lab,
             "budget_rows": cf["rows"], "horizon": horizon}
-        rec["agrees"] = None if lab is None else (lab == bool(rec["label_replace"]))
+        rec["agrees"] = agrees(lab, bool(rec["label_replace"])) if lab is not None else None
         out.append(rec)
     return out

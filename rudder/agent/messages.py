@@ -44,8 +44,11 @@ REASON_HEAD_CHARS = 70
 
 
 def budget_rows(budget: str, capacity: int) -> int:
-    """Rows a budget word allows in one replacement round (at least one)."""
-    return max(1, int(round(BUDGET_SHARE[budget] * capacity)))
+    """Rows a budget word allows in one replacement round (rudder.prefetch.policy.budget_rows of
+    its share)."""
+    from rudder.prefetch.policy import budget_rows as share_rows  # torch: not for every importer
+
+    return share_rows(BUDGET_SHARE[budget], capacity)
 
 
 class Expected(BaseModel):

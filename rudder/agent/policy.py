@@ -42,42 +42,18 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from rudder.agent.context import ContextBuilder, per_minibatch
+from rudder.agent.context import ContextBuilder
 from rudder.agent.decision import DecisionMaker, resolve_fallback, warm_prompt
+from rudder.agent.judge import measure, reflect  # noqa: F401 (measure: re-exported)
 from rudder.agent.messages import START_WINDOW, Decision, HistoryEntry, budget_rows
 from rudder.config import AgentConfig, PrefetchConfig
-from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
-from rudder.records import outcome_fields
+from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, mechanism_for
 
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 2  # windows waiting for the agent; older ones are dropped when it falls behind
 RECENT_WINDOWS = 3  # earlier windows shown for the hit-rate trend
 HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentConfig.history)
-
-
-def measure(judged: dict, after: dict) -> tuple[float | None, float | None]:
-    """(hit-rate delta, relative fetched-rows-per-minibatch delta) from `judged` to `after`."""
-    hit = None
-    if judged.get("hit_rate") is not None and after.get("hit_rate") is not None:
-        hit = float(after["hit_rate"]) - float(judged["hit_rate"])
-    a, b = per_minibatch(judged, "fetched_rows"), per_minibatch(after, "fetched_rows")
-    rows = None if a is None or b is None else (b - a) / max(a, 1.0)
-    return hit, rows
-
-
-def reflect(d: Decision, judged: dict, after: dict) -> tuple[float | None, float | None]:
-    """Sets d.outcome_* (directions and deltas) and d.correct from the window after the
-    decision; returns the deltas."""
-    hit, rows = measure(judged, after)
-    for k, v in outcome_fields(hit, rows).items():
-        setattr(d, k, v)
-    if d.fallback or d.outcome_hit_rate is None or d.outcome_remote_rows is None:
-        d.correct = None
-    else:
-        d.correct = (d.expected_hit_rate == d.outcome_hit_rate
-                     and d.expected_remote_rows == d.outcome_remote_rows)
-    return hit, rows
 
 
 def service_url(cfg: AgentConfig) -> str | None:
@@ -139,7 +115,7 @@ class AgentPolicy(Policy):
         if self._maker is not None:
             self._maker.fallback = fb  # its records name the policy that actually steers
         self.builder = ContextBuilder(ctx, a.prompt, a.history)
-        self.mechanism = "lookahead" if ctx.lookahead > 0 else "massivegnn"
+        self.mechanism = mechanism_for(ctx.lookahead)
         self.fallback = fallback_policy(fb, self.cfg, ctx)
         if self._maker is None:
             if self._url or a.backend == "http":

@@ -12,7 +12,7 @@ classifier's positive prediction later triggers, and the one an agent's replace=
    "post": {...}, "net_gain", "correct", "label", "rule", "dataset", "policy"}
 
 `pre` / `post` are the window the decision saw and the window right after it (`WindowStats`).
-The label (`LabelRule`) is defined once here and used by the collector, the trainer
+The label (`LabelRule`, rudder.agent.judge) is defined once and used by the collector, the trainer
 (`rudder classifiers train --margin/--cost` relabels from the raw pre/post fields) and
 `ClassifierPolicy` (its decision records' `correct`):
 
@@ -33,7 +33,6 @@ when the window closes (nothing from `post` leaks into `features`).
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -42,9 +41,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from rudder.agent.judge import LabelRule  # noqa: F401 (the label: defined in judge, re-exported)
 from rudder.config import PrefetchConfig
-from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
-from rudder.records import JsonlWriter, outcome_fields, read_jsonl
+from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, mechanism_for
+from rudder.prefetch.policy import budget_rows as share_rows
+from rudder.records import DecisionRecord, JsonlWriter, outcome_fields, read_jsonl, read_run
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +163,8 @@ class WindowAccumulator:
 
 # ---- features -----------------------------------------------------------------------------
 def budget_rows(ctx: RunContext, budget: float) -> int:
-    return max(1, int(round(budget * ctx.capacity))) if ctx.capacity > 0 else 0
-
-
-def mechanism_for(ctx: RunContext) -> str:
-    return "lookahead" if ctx.lookahead > 0 else "massivegnn"
+    """The shared rule (rudder.prefetch.policy.budget_rows); none without a buffer."""
+    return share_rows(budget, ctx.capacity) if ctx.capacity > 0 else 0
 
 
 def context_dataset(ctx: RunContext, override: str | None = None) -> str | None:
@@ -178,7 +176,7 @@ def context_dataset(ctx: RunContext, override: str | None = None) -> str | None:
         return str(name)
     if ctx.run_dir:
         try:
-            cfg = json.loads((Path(ctx.run_dir) / "run.json").read_text()).get("config", {})
+            cfg = read_run(ctx.run_dir).get("config", {})
             return cfg.get("dataset", {}).get("name")
         except (OSError, ValueError, AttributeError):
             return None
@@ -195,7 +193,7 @@ def build_features(
 ) -> dict[str, float]:
     """The feature vector at a decision point (names: FEATURE_NAMES)."""
     rows = budget_rows(ctx, budget)
-    mech = mechanism_for(ctx)
+    mech = mechanism_for(ctx.lookahead)
     evict = min(rows, stats.stale_slots) if mech == "massivegnn" and stats.stale_slots else rows
     total_steps = max(1, ctx.steps_per_epoch * ctx.epochs)
     f = {
@@ -221,37 +219,6 @@ def build_features(
     }
     f.update(dataset_onehot(dataset))
     return f
-
-
-# ---- the label ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LabelRule:
-    """Whether an action was right, judged on the window after it (see the module docstring)."""
-
-    margin: float = 0.01  # one hit-rate point: smaller changes count as "nothing happened"
-    cost: str = "time"  # "time" (the paper: RPC time) or "rows" (deterministic volume)
-    cost_weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.cost not in ("time", "rows"):
-            raise ValueError(f"label cost must be 'time' or 'rows', got {self.cost!r}")
-
-    def net_gain(self, pre: dict, post: dict) -> float:
-        dh = float(post["hit_rate"]) - float(pre["hit_rate"])
-        key = "t_fetch" if self.cost == "time" else "fetched_rows"
-        c0, c1 = float(pre.get(key) or 0), float(post.get(key) or 0)
-        if key == "t_fetch" and (c0 <= 0 or c1 <= 0):  # no timing: fall back on the volume
-            c0, c1 = float(pre.get("fetched_rows") or 0), float(post.get("fetched_rows") or 0)
-        dc = (c1 - c0) / c0 if c0 > 0 else 0.0
-        return dh - self.cost_weight * dc
-
-    def correct(self, replace: bool, pre: dict, post: dict) -> bool:
-        g = self.net_gain(pre, post)
-        return g > self.margin if replace else g >= -self.margin
-
-    def label(self, replace: bool, pre: dict, post: dict) -> int:
-        ok = self.correct(replace, pre, post)
-        return int(ok if replace else not ok)
 
 
 # ---- the shared windowed-policy skeleton ----------------------------------------------------
@@ -310,7 +277,7 @@ class WindowedDecisionPolicy(Policy):
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
         self.max_rows = budget_rows(ctx, self.budget)
-        self.mechanism = mechanism_for(ctx)
+        self.mechanism = mechanism_for(ctx.lookahead)
         self.dataset = context_dataset(ctx, self.dataset_override)
 
     def plan(self, step: StepInfo) -> Replace | None:
@@ -366,30 +333,12 @@ class WindowedDecisionPolicy(Policy):
         feats = build_features(self.ctx, stats, self._prev, budget=self.budget,
                                dataset=self.dataset)
         replace, info = self.decide(feats, stats)
-        rec = {
-            "decision": self._count,
-            "window": stats.window,
-            "decided_step": stats.last_step,
-            "applied_step": None,
-            "staleness": None,
-            "policy": self.policy_label(),
-            "model": self.model_label,
-            "backend": self.backend,
-            "prompt_hash": None,
-            "raw": info.get("raw"),
-            "replace": bool(replace),
-            "budget": self.budget if replace else 0.0,
-            "expected_hit_rate": None,
-            "expected_remote_rows": None,
-            "reason": info.get("reason"),
-            "latency_s": info.get("latency_s", 0.0),
-            "fallback": None,
-            "outcome_hit_rate": None,
-            "outcome_remote_rows": None,
-            "outcome_hit_delta": None,
-            "outcome_rows_delta": None,
-            "correct": None,
-        }
+        rec = DecisionRecord(
+            decision=self._count, window=stats.window, decided_step=stats.last_step,
+            policy=self.policy_label(), model=self.model_label, backend=self.backend,
+            raw=info.get("raw"), replace=bool(replace), budget=self.budget if replace else 0.0,
+            reason=info.get("reason"), latency_s=info.get("latency_s", 0.0),
+        ).to_dict()
         self._count += 1
         self._pending = rec
         self._open.append((rec, stats, feats))

@@ -6,11 +6,7 @@ from typing import Callable
 
 import torch
 
-from rudder.records import WINDOW_FIELDS
-
-
-def hit_rate(hits: int, remote_rows: int) -> float:
-    return hits / remote_rows if remote_rows else 0.0
+from rudder.records import WindowRecord, hit_rate  # noqa: F401 (hit_rate: re-exported)
 
 
 class MetricsCollector:
@@ -38,27 +34,22 @@ class MetricsCollector:
         recs, self._open = self._open, []
         s = {k: sum(float(r.get(k, 0) or 0) for r in recs) for k in self.SUMS}
         t_mb = [r.get("t_sample", 0) + r.get("t_fetch", 0) + r.get("t_compute", 0) for r in recs]
-        w = {
-            "window": self.index,
-            "first_step": recs[0]["global_step"],
-            "last_step": recs[-1]["global_step"],
-            "minibatches": len(recs),
-            "hit_rate": hit_rate(s["hits"], s["remote_rows"]),
-            "remote_rows": int(s["remote_rows"]),
-            "fetched_rows": int(s["fetched_rows"]),
-            "replaced_rows": int(s["replaced_rows"]),
-            "t_fetch": s["t_fetch"] / len(recs),
-            "t_stall": s["t_stall"] / len(recs),
-            "t_minibatch": sum(t_mb) / len(recs),
-            "buffer_fill": 0,
-            "stale_slots": 0,
-            "lookahead_missing": 0,
-            "lookahead_rows": 0,
-        }
-        w.update(buffer_state or {})
+        w = WindowRecord(
+            window=self.index,
+            first_step=recs[0]["global_step"],
+            last_step=recs[-1]["global_step"],
+            minibatches=len(recs),
+            hit_rate=hit_rate(s["hits"], s["remote_rows"]),
+            remote_rows=int(s["remote_rows"]),
+            fetched_rows=int(s["fetched_rows"]),
+            replaced_rows=int(s["replaced_rows"]),
+            t_fetch=s["t_fetch"] / len(recs),
+            t_stall=s["t_stall"] / len(recs),
+            t_minibatch=sum(t_mb) / len(recs),
+            **(buffer_state or {}),  # buffer_fill, stale_slots, lookahead_missing/rows
+        )
         self.index += 1
-        assert set(w) <= set(WINDOW_FIELDS), set(w) - set(WINDOW_FIELDS)
-        return w
+        return w.to_dict()
 
 
 def buffer_state(buf, future: list[torch.Tensor]) -> dict:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from rudder.config import PrefetchConfig
-from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo
+from rudder.config import LOOKAHEAD_POLICIES, POLICY_NAMES, PrefetchConfig, check_policy_name  # noqa: F401 (re-exported)
+from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, budget_rows
 
 
 class NoBufferPolicy(Policy):
@@ -54,7 +54,7 @@ class LookaheadPolicy(Policy):
 
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
-        self.max_rows = max(1, int(round(self.budget * ctx.capacity)))
+        self.max_rows = budget_rows(self.budget, ctx.capacity)
 
     def plan(self, step: StepInfo) -> Replace | None:
         return Replace("lookahead", self.max_rows, self.name, self.admit)
@@ -77,22 +77,6 @@ REGISTRY: dict[str, Callable[[PrefetchConfig, dict], Policy]] = {
     "classifier": _lazy("rudder.agent.classifiers", "ClassifierPolicy"),
     "collect": _lazy("rudder.agent.trajectories", "TrajectoryPolicy"),
 }
-
-
-# Policies whose runs sample minibatches ahead (prefetch.lookahead deep) for the lookahead round;
-# training and the simulator read this one tuple.
-LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier", "collect")
-
-
-def check_policy_name(name: str) -> None:
-    base = name.split(":", 1)[0]
-    if base not in REGISTRY:
-        raise ValueError(
-            f"unknown policy {name!r}; valid: {', '.join(sorted(REGISTRY))} "
-            "(classifier takes a model name: classifier:<name>)"
-        )
-    if base == "classifier" and ":" not in name:
-        raise ValueError("policy 'classifier' needs a model name: classifier:<name>")
 
 
 def make_policy(cfg: PrefetchConfig, **extra) -> Policy:

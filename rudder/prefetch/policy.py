@@ -40,6 +40,17 @@ class Replace:
     admit: Literal["misses", "any"] = "misses"
 
 
+def mechanism_for(lookahead: int) -> Mechanism:
+    """The replacement a windowed decision (agent, classifier, collect) runs: the lookahead round
+    when the run samples ahead (lookahead > 0), else a MassiveGNN round."""
+    return "lookahead" if lookahead > 0 else "massivegnn"
+
+
+def budget_rows(share: float, capacity: int) -> int:
+    """Rows a budget (a share of capacity) allows in one replacement round: at least one."""
+    return max(1, int(round(share * capacity)))
+
+
 @dataclass
 class RunContext:
     """Static facts a policy (and the agent's prompt) may use."""

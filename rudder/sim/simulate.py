@@ -7,7 +7,7 @@ classifier:<name>, ...) run through the very code training runs:
 records and windows built as `rudder.pipeline.MinibatchPipeline` builds them (lookahead within
 the epoch, remaining_steps, buffer state at window close). Classic caches (lru, lfu, s3fifo,
 sieve) run through `rudder.sim.caches`, the hindsight optimum (belady) through
-`rudder.prefetch.oracle`.
+`rudder.sim.oracle`.
 
 Policy names take their knobs after colons; a comma list is a grid:
   fixed[:PERIOD[:ALPHA]]          fixed:10,25,50
@@ -33,10 +33,11 @@ import numpy as np
 import torch
 
 from rudder.prefetch.buffer import HaloBuffer
-from rudder.prefetch.policies import LOOKAHEAD_POLICIES
-from rudder.records import EPOCH_FIELDS, MINIBATCH_FIELDS, JsonlWriter, host_info, versions, write_json_atomic
+from rudder.config import sample_ahead
+from rudder.records import (EpochTotals, JsonlWriter, MinibatchRecord, StepStats, host_info, read_run,
+                            versions, write_json_atomic)
 from rudder.sim.caches import CACHES, make_cache
-from rudder.sim.trace import Trace, find_traces
+from rudder.trace import Trace, find_traces
 
 log = logging.getLogger(__name__)
 
@@ -174,47 +175,25 @@ class SimResult:
 
     def records(self) -> list[dict]:
         """Minibatch records (MINIBATCH_FIELDS + admitted_rows), as training writes them."""
+        return [r.to_dict() for r in self._records()]
+
+    def _records(self) -> list[MinibatchRecord]:
         t = self.trace
         c = {k: v.tolist() for k, v in self.counts.items()}
         inp = t.input_rows.tolist()
         epochs, steps = t.epoch.tolist(), t.steps().tolist()
-        fb = t.feat_bytes
-        out = []
-        for g in range(t.num_minibatches):
-            r, h = c["remote_rows"][g], c["hits"][g]
-            known = inp[g] >= 0
-            out.append({
-                "epoch": epochs[g], "step": steps[g], "global_step": g,
-                "input_rows": inp[g] if known else None,
-                "local_rows": inp[g] - r if known else None, "remote_rows": r,
-                "hits": h, "misses": c["misses"][g], "replaced_rows": c["replaced_rows"][g],
-                "fetched_rows": c["fetched_rows"][g], "fetched_bytes": c["fetched_rows"][g] * fb,
-                "hit_rate": h / r if r else 0.0,
-                "t_sample": 0.0, "t_fetch": 0.0, "t_buffer": 0.0, "t_compute": 0.0, "t_stall": 0.0,
-                "loss": None, "admitted_rows": c["admitted_rows"][g],
-            })
-        return out
+        return [MinibatchRecord.of_step(epochs[g], steps[g], g, StepStats.of_counts(
+                    inp[g], c["hits"][g], c["misses"][g], c["replaced_rows"][g],
+                    c["admitted_rows"][g], t.feat_bytes))
+                for g in range(t.num_minibatches)]
 
     def epoch_records(self) -> list[dict]:
-        t = self.trace
-        out = []
-        for i, e in enumerate(np.unique(t.epoch).tolist()):
-            m = t.epoch == e
-            inp = t.input_rows[m]
-            rec = {k: None for k in EPOCH_FIELDS}
-            rec.update({
-                "epoch": e, "t_epoch": 0.0, "t_sample": 0.0, "t_fetch": 0.0, "t_buffer": 0.0,
-                "t_compute": 0.0, "t_stall": 0.0, "minibatches": int(m.sum()),
-                "input_rows": int(inp.sum()) if (inp >= 0).all() else None,
-                "remote_rows": int(self.counts["remote_rows"][m].sum()),
-                "hits": int(self.counts["hits"][m].sum()),
-                "fetched_rows": int(self.counts["fetched_rows"][m].sum()),
-                "fetched_bytes": int(self.counts["fetched_rows"][m].sum()) * t.feat_bytes,
-                "replaced_rows": int(self.counts["replaced_rows"][m].sum()),
-                "initial_fill_rows": self.initial_fill_rows if i == 0 else 0,
-            })
-            out.append(rec)
-        return out
+        """The epoch totals of the minibatch records (timings 0; loss and accuracy unknown)."""
+        totals: dict[int, EpochTotals] = {}
+        for r in self._records():
+            totals.setdefault(r.epoch, EpochTotals()).add(r)
+        return [tot.record(e, t_epoch=0.0, initial_fill_rows=self.initial_fill_rows if i == 0 else 0).to_dict()
+                for i, (e, tot) in enumerate(sorted(totals.items()))]
 
 
 def _post_hoc_windows(result: SimResult, window: int) -> list[dict]:
@@ -307,7 +286,7 @@ def _empty_counts(S: int) -> dict[str, np.ndarray]:
 
 
 def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify) -> SimResult:
-    from rudder.prefetch.metrics import MetricsCollector, hit_rate
+    from rudder.prefetch.metrics import MetricsCollector
     from rudder.prefetch.policies import make_policy
     from rudder.prefetch.policy import StepInfo
     from rudder.prefetch.step import begin_step, finish_step
@@ -334,7 +313,7 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
         buf.fill(torch.from_numpy(np.sort(init)))
     pol.setup(ctx)
     collector = MetricsCollector(pc.window)
-    depth = pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
+    depth = sample_ahead(pc)
     ids_t = torch.from_numpy(position_ids(trace))
     off = trace.offsets.tolist()
     epochs, steps = trace.epoch.tolist(), trace.steps().tolist()
@@ -362,15 +341,8 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
         hits[g], misses[g], replaced[g], admitted[g] = h, m, x, a
         if verify:
             buf.verify()
-        r = h + m
-        record = {
-            "epoch": epochs[g], "step": steps[g], "global_step": g, "t_sample": 0.0,
-            "input_rows": inp[g] if inp[g] >= 0 else None,
-            "local_rows": inp[g] - r if inp[g] >= 0 else None, "remote_rows": r,
-            "hits": h, "misses": m, "replaced_rows": x, "admitted_rows": a,
-            "fetched_rows": m + x, "fetched_bytes": (m + x) * fb, "t_fetch": 0.0, "t_buffer": 0.0,
-            "hit_rate": hit_rate(h, r), "t_compute": 0.0, "t_stall": 0.0,
-        }
+        record = MinibatchRecord.of_step(epochs[g], steps[g], g,
+                                         StepStats.of_counts(inp[g], h, m, x, a, fb)).to_dict()
         window = collector.add(record, lambda: _buffer_state(buf, future))
         pol.observe(record, window)
         if window is not None:
@@ -472,7 +444,7 @@ def _simulate_cache(trace, spec, C, init, rank, verify) -> SimResult:
 
 
 def _simulate_belady(trace, spec, C, start, rank) -> SimResult:
-    from rudder.prefetch.oracle import belady
+    from rudder.sim.oracle import belady
 
     t0 = time.perf_counter()
     r = belady(trace, C, start)
@@ -507,9 +479,8 @@ def load_source(path: str | Path) -> tuple[dict[int, Trace], dict]:
     else:
         raise FileNotFoundError(f"no trace or run directory at {path}")
     source: dict[str, Any] = {"path": str(path), "name": (run_dir if path.is_dir() else path).name}
-    meta_path = run_dir / "run.json"
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
+    if (run_dir / "run.json").exists():
+        meta = read_run(run_dir)
         source["config"] = meta.get("config") or {}
         source["run_id"] = meta.get("run_id") or run_dir.name
         source["graph"] = meta.get("graph") or {}
@@ -611,5 +582,3 @@ class _writer:
     def __exit__(self, *exc) -> None:
         self.w.close()
 
-
-assert {"hits", "remote_rows", "misses", "replaced_rows", "fetched_rows"} <= set(MINIBATCH_FIELDS)

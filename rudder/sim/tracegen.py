@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from rudder.sim.trace import Trace
+from rudder.trace import Trace
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,11 @@ class RunFailed(Exception):
 
 
 def read_run_json(run_dir: str | Path) -> dict:
+    """rudder.records.read_run, {} for a missing or unreadable file (a run still starting)."""
+    from rudder.records import read_run
+
     try:
-        return json.loads((Path(run_dir) / "run.json").read_text())
+        return read_run(run_dir, missing_ok=True)
     except (OSError, ValueError):
         return {}
 

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from rudder.sim.trace import Trace
+from rudder.trace import Trace
 
 Start = Literal["init", "empty"]
 

@@ -1,7 +1,7 @@
 """`rudder oracle RUN_DIR`: how far a run's buffer was from the hindsight optimum.
 
 For every trace-r<R>.npz of the run, Belady's optimal replacement (demand fetch, bypass; see
-rudder.prefetch.oracle) is computed for the run's capacity and initial fill, and set beside what
+rudder.sim.oracle) is computed for the run's capacity and initial fill, and set beside what
 the run measured (minibatches-r<R>.jsonl: hits, remote_rows, fetched_rows). Written to
 oracle-r<R>.json in the run directory.
 """
@@ -30,9 +30,9 @@ def register(sub) -> None:
 def compare_run(run_dir: Path, start: str = "init", capacity: int | None = None,
                 write: bool = True) -> list[dict]:
     """One comparison dict per rank (also written as oracle-r<R>.json unless write=False)."""
-    from rudder.prefetch.oracle import belady
+    from rudder.sim.oracle import belady
     from rudder.records import read_jsonl, write_json_atomic
-    from rudder.sim.trace import Trace, find_traces
+    from rudder.trace import Trace, find_traces
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -1,0 +1,1 @@
+"""The trace simulator: replays, classic caches, the hindsight optimum (Belady), trace generation."""
