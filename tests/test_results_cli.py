@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from rudder.results.cli import register
-from rudder.results.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
 
 
 def cli(argv: list[str]) -> int:

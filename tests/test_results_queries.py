@@ -11,7 +11,7 @@ import pytest
 
 from rudder.results import queries
 from rudder.results.store import ResultsStore
-from rudder.results.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
 
 # (run_id, dataset, machines, policy, status)
 STUDY = [

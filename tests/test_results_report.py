@@ -7,7 +7,7 @@ import pytest
 
 from rudder.results.report import PLOTS, write_report
 from rudder.results.store import ResultsStore
-from rudder.results.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

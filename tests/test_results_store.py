@@ -13,7 +13,7 @@ import pytest
 
 from rudder.records import DECISION_FIELDS, EPOCH_FIELDS, MINIBATCH_FIELDS, WINDOW_FIELDS
 from rudder.results.store import ResultsStore, StoreLockedError, find_run_dirs
-from rudder.results.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
 
 REPO = Path(__file__).resolve().parents[1]
 
