@@ -281,6 +281,7 @@ class ClassifierPolicy(WindowedDecisionPolicy):
     """
 
     name = "classifier"
+    named = True  # classifier:<model name>
     backend = "sklearn"
 
     def __init__(self, cfg: PrefetchConfig, model_name: str | None = None, *,

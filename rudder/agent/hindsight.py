@@ -27,7 +27,6 @@ of the agent's mechanism, with both actions.
 """
 from __future__ import annotations
 
-import copy
 import json
 import random
 from dataclasses import asdict
@@ -37,7 +36,7 @@ from typing import Any
 from rudder.agent.judge import KEEP_MARGIN, REPLACE_MARGIN, agrees, hindsight_label  # noqa: F401 (re-exported)
 from rudder.agent.messages import Decision, budget_rows
 from rudder.prefetch.policy import budget_rows as share_rows
-from rudder.prefetch.policy import mechanism_for
+from rudder.prefetch.policy import Policy, Replace, StepInfo, mechanism_for
 from rudder.records import read_jsonl, read_run
 
 HORIZON = 2  # windows counted after the decision (the replace regime acts in the first)
@@ -141,26 +140,71 @@ def _rows(budget: Any, capacity: int) -> int:
     return share_rows(float(budget), capacity)
 
 
+class RecordedActions(Policy):
+    """Plans a replay as the run was steered: each recorded decision applied at its step, as
+    the agent / windowed policies apply it (a lookahead replace holds its round every minibatch
+    until the next decision), the fallback where it steered (before the first answer, after a
+    bad or late one)."""
+
+    def __init__(self, decisions: list[dict], mech: str, budget: Any, capacity: int, admit: str,
+                 fallback: Policy | None, steps: int):
+        self.applied = {int(d["applied_step"]): d for d in decisions if d.get("applied_step") is not None}
+        self.mech, self.budget, self.capacity, self.admit = mech, budget, capacity, admit
+        self.fallback, self.steps = fallback, steps
+        self.regime: Replace | None = None
+        self.in_fallback = fallback is not None  # until the first answer (AgentPolicy)
+
+    def plan(self, step: StepInfo) -> Replace | None:
+        g = step.global_step
+        if g in self.applied:
+            d = self.applied[g]
+            self.regime = plan = None
+            self.in_fallback = bool(d.get("fallback")) and self.fallback is not None
+            if d.get("replace") and not d.get("fallback"):
+                plan = Replace(self.mech, _rows(d.get("budget") or self.budget, self.capacity), "replay",
+                               self.admit)
+                if self.mech == "lookahead":
+                    self.regime = plan
+        else:
+            plan = self.regime
+        if self.in_fallback:
+            plan = self.fallback.plan(StepInfo(epoch=0, step=g, global_step=g, remaining_steps=self.steps - g))
+        return plan
+
+
+class Branch(Policy):
+    """One branch from a fork at minibatch `first`: keep (no round), or replace as a replace
+    decision would (a lookahead round on each minibatch of the next window; without lookahead
+    one MassiveGNN round at its first minibatch); no round after that window."""
+
+    def __init__(self, replace: bool, first: int, window: int, mech: str, rows: int, admit: str):
+        self.replace, self.first, self.window = replace, first, window
+        self.mech, self.rows, self.admit = mech, rows, admit
+
+    def plan(self, step: StepInfo) -> Replace | None:
+        k = step.global_step - self.first
+        if self.replace and k < self.window and (self.mech == "lookahead" or k == 0):
+            return Replace(self.mech, self.rows, "counterfactual", self.admit)
+        return None
+
+
 def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORIZON,
                          budget: Any = None) -> dict[int, dict]:
     """{window id: {"gain", "remote", "share", "hits_replace", "hits_keep", "extra_replace",
     "extra_keep", "rows"}} for every window of a simulated run with `horizon` windows after it.
     budget: the replace branch's budget (a word or a share of capacity); default the budget of
-    the run's replace decisions, else the run's prefetch budget."""
+    the run's replace decisions, else the run's prefetch budget.
+    The run is replayed (rudder.sim.replay) with its recorded actions; at each window close the
+    replayer is forked into the two branches."""
     import numpy as np
-    import torch
 
-    from rudder.prefetch.policy import Replace, StepInfo
-    from rudder.prefetch.step import begin_step, finish_step
-    from rudder.sim.simulate import PositionBuffer, _epoch_ends, position_ids
+    from rudder.sim.replay import BufferReplayer, PositionTrace, replay
 
     run_dir = Path(run_dir)
     trace, pc, C, start, ctx, depth = _sim_inputs(run_dir, rank)
     mech = mechanism_for(ctx.lookahead)
     admit = getattr(pc, "admit", "misses")
     decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
-    applied = {int(d["applied_step"]): d for d in decisions if d.get("applied_step") is not None}
-    fallback = _fallback_policy(run_dir, ctx, pc)
     if budget is None:
         budget = next((d["budget"] for d in decisions if d.get("replace") and d.get("budget")),
                       pc.budget)
@@ -169,64 +213,31 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
                                                key=lambda m: m["global_step"])]
 
     S, W = trace.num_minibatches, pc.window
-    ids = torch.from_numpy(position_ids(trace))
-    off = trace.offsets.tolist()
-    ends = _epoch_ends(trace.epoch)
-
-    def remote(g):
-        return ids[off[g]:off[g + 1]]
-
-    def future(g):
-        return [remote(j) for j in range(g + 1, min(g + 1 + depth, ends[g]))]
-
-    def step(buf, g, plan):
-        sp = begin_step(buf, remote(g), plan, future(g))
-        finish_step(buf, sp)
-        return sp.hits, int(sp.extra_ids.numel()), sp.hits + sp.misses
-
-    buf = PositionBuffer(trace.num_halo, C, alpha=pc.alpha, period=pc.period)
-    init = trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64)
-    if init.size:
-        buf.fill(torch.from_numpy(np.sort(init)))
+    pt = PositionTrace(trace)
+    actions = RecordedActions(decisions, mech, budget, C, admit, _fallback_policy(run_dir, ctx, pc), S)
+    run = BufferReplayer(pt, actions, C, alpha=pc.alpha, period=pc.period, depth=depth, window=W,
+                         records=False)
+    run.fill(trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64))
     out: dict[int, dict] = {}
-    regime = None
-    in_fallback = fallback is not None  # the fallback steers until the first answer (AgentPolicy)
-    for g in range(S):
-        if g in applied:  # the run's own action, as the agent / windowed policies apply it
-            d = applied[g]
-            regime = plan = None
-            in_fallback = bool(d.get("fallback")) and fallback is not None  # a bad/late answer
-            if d.get("replace") and not d.get("fallback"):
-                plan = Replace(mech, _rows(d.get("budget") or budget, C), "replay", admit)
-                if mech == "lookahead":
-                    regime = plan
-        else:
-            plan = regime
-        if in_fallback:
-            plan = fallback.plan(StepInfo(epoch=0, step=g, global_step=g, remaining_steps=S - g))
-        h, _, _ = step(buf, g, plan)
-        if g < len(recorded) and h != recorded[g]:
+
+    def fork_at_window_close(g: int, c) -> None:
+        if g < len(recorded) and c.hits != recorded[g]:
             raise RuntimeError(f"{run_dir} rank {rank}: replay diverged at minibatch {g} "
-                               f"({h} hits, the run recorded {recorded[g]})")
+                               f"({c.hits} hits, the run recorded {recorded[g]})")
         if (g + 1) % W or g + 1 + horizon * W > S:
-            continue
-        wid = (g + 1) // W - 1
+            return
+        span = slice(g + 1, g + 1 + horizon * W)
         res = {}
         for branch in ("replace", "keep"):
-            b = copy.deepcopy(buf)
-            hits = extra = rem = 0
-            for k in range(horizon * W):
-                j = g + 1 + k
-                p = None
-                if branch == "replace" and k < W and (mech == "lookahead" or k == 0):
-                    p = Replace(mech, rows, "counterfactual", admit)
-                h2, x2, r2 = step(b, j, p)
-                hits, extra, rem = hits + h2, extra + x2, rem + r2
-            res[branch] = (hits, extra, rem)
+            b = run.fork(Branch(branch == "replace", g + 1, W, mech, rows, admit))
+            n = replay(pt, b, stop=span.stop)
+            res[branch] = tuple(int(n[k][span].sum()) for k in ("hits", "replaced_rows", "remote_rows"))
         (hr, xr, rem), (hk, xk, _) = res["replace"], res["keep"]
         gain = (hr - hk) - (xr - xk)
-        out[wid] = {"gain": gain, "remote": rem, "share": gain / max(1, rem), "rows": rows,
-                    "hits_replace": hr, "hits_keep": hk, "extra_replace": xr, "extra_keep": xk}
+        out[(g + 1) // W - 1] = {"gain": gain, "remote": rem, "share": gain / max(1, rem), "rows": rows,
+                                 "hits_replace": hr, "hits_keep": hk, "extra_replace": xr, "extra_keep": xk}
+
+    replay(pt, run, after_step=fork_at_window_close)
     return out
 
 

@@ -32,6 +32,7 @@ class FixedPeriodPolicy(Policy):
     minibatch in which it replaces; the mechanism honours that (HaloBuffer.record)."""
 
     name = "fixed"
+    knobs = ("period", "alpha")
 
     def __init__(self, cfg: PrefetchConfig):
         self.period = cfg.period
@@ -47,6 +48,7 @@ class LookaheadPolicy(Policy):
     most `budget` × capacity slots changed per round."""
 
     name = "lookahead"
+    knobs = ("lookahead", "budget", "admit")
 
     def __init__(self, cfg: PrefetchConfig):
         self.budget = cfg.budget
@@ -64,6 +66,7 @@ def _lazy(module: str, attr: str) -> Callable[[PrefetchConfig, dict], Policy]:
     def make(cfg: PrefetchConfig, extra: dict) -> Policy:
         return getattr(importlib.import_module(module), attr)(cfg, **extra)
 
+    make.target = (module, attr)  # type: ignore[attr-defined]  (policy_class imports it)
     return make
 
 
@@ -77,6 +80,20 @@ REGISTRY: dict[str, Callable[[PrefetchConfig, dict], Policy]] = {
     "classifier": _lazy("rudder.agent.classifiers", "ClassifierPolicy"),
     "collect": _lazy("rudder.agent.trajectories", "TrajectoryPolicy"),
 }
+
+
+_EAGER: dict[str, type[Policy]] = {"none": NoBufferPolicy, "static": StaticPolicy,
+                                   "fixed": FixedPeriodPolicy, "lookahead": LookaheadPolicy}
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class a policy name makes (a lazy one is imported): its knobs, its flags."""
+    check_policy_name(name if name != "classifier" else "classifier:_")
+    base = name.split(":", 1)[0]
+    if base in _EAGER:
+        return _EAGER[base]
+    module, attr = REGISTRY[base].target  # type: ignore[attr-defined]
+    return getattr(importlib.import_module(module), attr)
 
 
 def make_policy(cfg: PrefetchConfig, **extra) -> Policy:

@@ -95,6 +95,10 @@ class Policy:
     name = "base"
     uses_buffer = True  # False: no buffer at all (plain DistDGL)
     records_decisions = False  # True: the trainer writes decisions-r<R>.jsonl
+    # A policy's knobs: the PrefetchConfig fields a spec sets after colons, in order
+    # (`fixed:PERIOD:ALPHA`, as `rudder sim` takes it); named: the first colon field names a model.
+    knobs: tuple[str, ...] = ()
+    named = False
 
     def setup(self, ctx: RunContext) -> None:
         self.ctx = ctx

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from rudder.prefetch.buffer import HaloBuffer
 from rudder.config import sample_ahead
 from rudder.records import (EpochTotals, JsonlWriter, MinibatchRecord, StepStats, host_info, read_run,
                             versions, write_json_atomic)
 from rudder.sim.caches import CACHES, make_cache
+from rudder.sim.replay import (COUNT_FIELDS, BeladyReplayer, BufferReplayer, CacheReplayer,  # noqa: F401
+                               NoBufferReplayer, PositionBuffer, PositionTrace, position_ids, replay)
 from rudder.trace import Trace, find_traces
 
 log = logging.getLogger(__name__)
@@ -100,42 +100,31 @@ def parse_policy(spec: str, prefetch=None) -> PolicySpec:
         if args:
             raise ValueError(f"policy {base!r} takes no arguments (got {spec!r})")
         return PolicySpec(spec, base)
-    pc = (prefetch or PrefetchConfig()).model_copy()
+    from pydantic import ValidationError
+
+    from rudder.prefetch.policies import policy_class
+
+    cls = policy_class(base)  # each policy declares its knobs (and whether it takes a name)
+    usage = base + (":NAME" if cls.named else "") + "".join(f"[:{k.upper()}" for k in cls.knobs) + "]" * len(cls.knobs)
     upd: dict[str, Any] = {"policy": base}
+    if cls.named:
+        if not args or not args[0]:
+            raise ValueError(f"bad policy {spec!r}: use {usage}")
+        upd["policy"], args = f"{base}:{args[0]}", args[1:]
+    if len(args) > len(cls.knobs):
+        raise ValueError(f"bad policy {spec!r}: use {usage}" if cls.knobs or cls.named else
+                         f"policy {base!r} takes no arguments (got {spec!r})")
+    upd.update(zip(cls.knobs, args))
+    pc = (prefetch or PrefetchConfig()).model_copy()
     try:
-        if base == "fixed":
-            if len(args) > 2:
-                raise ValueError
-            if args:
-                upd["period"] = int(args[0])
-            if len(args) > 1:
-                upd["alpha"] = float(args[1])
-        elif base == "lookahead":
-            if len(args) > 3:
-                raise ValueError
-            if args:
-                upd["lookahead"] = int(args[0])
-            if len(args) > 1:
-                upd["budget"] = float(args[1])
-            if len(args) > 2:
-                upd["admit"] = args[2]
-        elif base == "classifier":
-            if len(args) != 1 or not args[0]:
-                raise ValueError
-            upd["policy"] = f"classifier:{args[0]}"
-        elif args:
-            raise ValueError
-    except ValueError:
-        raise ValueError(
-            f"bad policy {spec!r}: use fixed[:PERIOD[:ALPHA]], lookahead[:DEPTH[:BUDGET[:ADMIT]]], "
-            "classifier:NAME, or a plain name"
-        ) from None
-    pc = PrefetchConfig.model_validate({**pc.model_dump(), **upd})  # validates the knobs
+        pc = PrefetchConfig.model_validate({**pc.model_dump(), **upd})  # validates the knobs
+    except ValidationError as exc:
+        bad = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"bad policy {spec!r} (use {usage}): {bad}") from None
     return PolicySpec(spec, base, pc)
 
 
 # ---- results ------------------------------------------------------------------------------
-COUNT_FIELDS = ("hits", "remote_rows", "misses", "replaced_rows", "admitted_rows", "fetched_rows")
 
 
 @dataclass
@@ -281,124 +270,36 @@ def _source_prefetch(source: dict | None):
         return None
 
 
-def _empty_counts(S: int) -> dict[str, np.ndarray]:
-    return {k: np.zeros(S, dtype=np.int64) for k in COUNT_FIELDS}
-
-
 def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify) -> SimResult:
-    from rudder.prefetch.metrics import MetricsCollector
     from rudder.prefetch.policies import make_policy
-    from rudder.prefetch.policy import StepInfo
-    from rudder.prefetch.step import begin_step, finish_step
 
     pc = spec.prefetch
-    S = trace.num_minibatches
-    counts = _empty_counts(S)
-    sizes = trace.sizes()
-    counts["remote_rows"][:] = sizes
     pol = make_policy(pc, **spec.extra)
-    ctx = run_context(trace, pc, C, rank, source)
+    pt = PositionTrace(trace)
     if not pol.uses_buffer:  # plain DistDGL: every remote row pulled every time
         t0 = time.perf_counter()
-        counts["misses"][:] = sizes
-        counts["fetched_rows"][:] = sizes
+        counts = replay(pt, NoBufferReplayer())
         res = SimResult(spec.spec, rank, trace, 0, 0, counts, time.perf_counter() - t0)
         res.windows = _post_hoc_windows(res, pc.window)
         return res
-
-    # The replay runs in halo-position space (ids translated once per trace, see
-    # PositionBuffer); the buffer, scores and replacement rules are HaloBuffer's own.
-    buf = PositionBuffer(trace.num_halo, C, alpha=pc.alpha, period=pc.period)
-    if init.size:
-        buf.fill(torch.from_numpy(np.sort(init)))
-    pol.setup(ctx)
-    collector = MetricsCollector(pc.window)
-    depth = sample_ahead(pc)
-    ids_t = torch.from_numpy(position_ids(trace))
-    off = trace.offsets.tolist()
-    epochs, steps = trace.epoch.tolist(), trace.steps().tolist()
-    epoch_end = _epoch_ends(trace.epoch)
-    inp = trace.input_rows.tolist()
-    fb = trace.feat_bytes
-    hits, misses, replaced, admitted = (counts[k] for k in ("hits", "misses", "replaced_rows", "admitted_rows"))
-    windows, decisions = [], []
-    waited = 0.0
+    # The replay runs in halo-position space (PositionTrace); the buffer, scores and
+    # replacement rules are HaloBuffer's own, planned as the training pipeline plans them.
+    wait = (lambda p: _wait_for_answer(p, agent_wait_s)) if agent_sync else None
+    rp = BufferReplayer(pt, pol, C, alpha=pc.alpha, period=pc.period, depth=sample_ahead(pc),
+                        window=pc.window, verify=verify, wait_for_answer=wait)
+    rp.fill(init)
+    pol.setup(run_context(trace, pc, C, rank, source))
     t0 = time.perf_counter()
-    for g in range(S):
-        remote = ids_t[off[g] : off[g + 1]]
-        future = [ids_t[off[j] : off[j + 1]] for j in range(g + 1, min(g + 1 + depth, epoch_end[g]))]
-        info = StepInfo(
-            epoch=epochs[g], step=steps[g], global_step=g, remaining_steps=S - g,
-            future_remote=future, stale_slots=buf.stale_count(), buffer_fill=buf.size,
-        )
-        if g == 0 and pol.start(lambda: _buffer_state(buf, [remote, *future])) and agent_sync:
-            waited += _wait_for_answer(pol, agent_wait_s)  # the start decision applies at step 0
-        plan = pol.plan(info)
-        sp = begin_step(buf, remote, plan, future)
-        finish_step(buf, sp)
-        h, m = sp.hits, sp.misses
-        x, a = int(sp.extra_ids.numel()), int(sp.newcomers.numel())
-        hits[g], misses[g], replaced[g], admitted[g] = h, m, x, a
-        if verify:
-            buf.verify()
-        record = MinibatchRecord.of_step(epochs[g], steps[g], g,
-                                         StepStats.of_counts(inp[g], h, m, x, a, fb)).to_dict()
-        window = collector.add(record, lambda: _buffer_state(buf, future))
-        pol.observe(record, window)
-        if window is not None:
-            windows.append(window)
-            if agent_sync:
-                waited += _wait_for_answer(pol, agent_wait_s)
-        decisions.extend(pol.decisions())
-    seconds = time.perf_counter() - t0 - waited
+    counts = replay(pt, rp)
+    seconds = time.perf_counter() - t0 - rp.waited
     pol.close()  # (a trailing partial window is not closed: training does not close it either)
-    decisions.extend(pol.decisions())
-    counts["fetched_rows"][:] = misses + replaced
-    res = SimResult(spec.spec, rank, trace, C, int(init.size), counts, seconds, windows, decisions)
-    if waited:
-        res.extra["agent_wait_s"] = waited
+    res = SimResult(spec.spec, rank, trace, C, rp.initial_fill, counts, seconds, rp.windows,
+                    [*rp.decisions, *pol.decisions()])
+    if rp.waited:
+        res.extra["agent_wait_s"] = rp.waited
     if hasattr(pol, "pass_at_1"):
         res.extra["pass_at_1"] = pol.pass_at_1
     return res
-
-
-def position_ids(trace: Trace) -> np.ndarray:
-    """Every access as its halo position (0..H-1), or -1 where the id is not a halo node."""
-    return trace.halo_positions()[1]
-
-
-class PositionBuffer(HaloBuffer):
-    """A HaloBuffer whose node ids are halo positions 0..H-1 (non-halo ids: -1).
-
-    The trace is translated to positions once (one binary search over all accesses,
-    `position_ids`), so the replay's id -> position lookup is a sign test instead of a binary
-    search per minibatch (twice per step in `begin_step`). Nothing else differs: lookup,
-    scoring, planning and replacement are HaloBuffer's, called by the shared
-    `begin_step`/`finish_step`."""
-
-    def __init__(self, num_halo: int, capacity: int, **kw):
-        super().__init__(torch.arange(num_halo, dtype=torch.int64), capacity, 0,
-                         store_features=False, **kw)
-        self._H = num_halo
-
-    def halo_positions(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._H == 0:
-            return super().halo_positions(ids)
-        return ids >= 0, ids.clamp(min=0)  # ids are positions in [0, H) or -1
-
-
-def _epoch_ends(epoch: np.ndarray) -> list[int]:
-    """For each minibatch, the index one past the last minibatch of its epoch."""
-    S = epoch.size
-    if S == 0:
-        return []
-    last = np.ones(S, dtype=bool)
-    last[:-1] = epoch[1:] != epoch[:-1]
-    ends = np.flatnonzero(last) + 1
-    return ends[np.searchsorted(ends, np.arange(S), side="right")].tolist()
-
-
-from rudder.prefetch.metrics import buffer_state as _buffer_state  # noqa: E402  (one definition)
 
 
 def _wait_for_answer(pol, timeout_s: float) -> float:
@@ -411,51 +312,23 @@ def _wait_for_answer(pol, timeout_s: float) -> float:
     return time.perf_counter() - t0
 
 
-def _minibatch_items(trace: Trace):
-    ok, pos = trace.halo_positions()
-    off = trace.offsets
-    for g in range(trace.num_minibatches):
-        s, e = off[g], off[g + 1]
-        yield pos[s:e][ok[s:e]]
-
-
 def _simulate_cache(trace, spec, C, init, rank, verify) -> SimResult:
-    S = trace.num_minibatches
-    counts = _empty_counts(S)
-    sizes = trace.sizes()
-    cache = make_cache(spec.base, C, trace.num_halo)
-    cache.fill(init)
-    hits, adm = counts["hits"], counts["admitted_rows"]
+    rp = CacheReplayer(make_cache(spec.base, C, trace.num_halo), verify)
+    rp.fill(init)
     t0 = time.perf_counter()
-    before = cache.size
-    for g, req in enumerate(_minibatch_items(trace)):
-        hits[g] = cache.access(req)
-        adm[g] = cache.admitted
-        if verify:
-            cache.verify()
-    seconds = time.perf_counter() - t0
-    counts["remote_rows"][:] = sizes
-    counts["misses"][:] = sizes - hits
-    counts["fetched_rows"][:] = sizes - hits  # admission is on demand: no extra rows
-    res = SimResult(spec.spec, rank, trace, C, before, counts, seconds)
-    res.extra["evictions"] = cache.evictions
+    counts = replay(PositionTrace(trace), rp)
+    res = SimResult(spec.spec, rank, trace, C, rp.initial_fill, counts, time.perf_counter() - t0)
+    res.extra["evictions"] = rp.cache.evictions
     res.windows = _post_hoc_windows(res, DEFAULT_WINDOW)
     return res
 
 
 def _simulate_belady(trace, spec, C, start, rank) -> SimResult:
-    from rudder.sim.oracle import belady
-
     t0 = time.perf_counter()
-    r = belady(trace, C, start)
-    seconds = time.perf_counter() - t0
-    counts = _empty_counts(trace.num_minibatches)
-    counts["hits"][:] = r.hits
-    counts["remote_rows"][:] = r.remote_rows
-    counts["misses"][:] = r.remote_rows - r.hits
-    counts["fetched_rows"][:] = r.remote_rows - r.hits
-    counts["admitted_rows"][:] = r.admitted
-    res = SimResult(spec.spec, rank, trace, C, r.initial_fill, counts, seconds)
+    rp = BeladyReplayer(trace, C, start)
+    rp.fill(np.zeros(0, dtype=np.int64))
+    counts = replay(PositionTrace(trace), rp)
+    res = SimResult(spec.spec, rank, trace, C, rp.initial_fill, counts, time.perf_counter() - t0)
     res.windows = _post_hoc_windows(res, DEFAULT_WINDOW)
     return res
 
