@@ -35,6 +35,7 @@ from typing import Any
 
 from rudder.agent.judge import KEEP_MARGIN, REPLACE_MARGIN, agrees, hindsight_label  # noqa: F401 (re-exported)
 from rudder.agent.messages import Decision, budget_rows
+from rudder.agent.steering import Regime
 from rudder.prefetch.policy import budget_rows as share_rows
 from rudder.prefetch.policy import Policy, Replace, StepInfo, mechanism_for
 from rudder.records import read_jsonl, read_run
@@ -151,22 +152,19 @@ class RecordedActions(Policy):
         self.applied = {int(d["applied_step"]): d for d in decisions if d.get("applied_step") is not None}
         self.mech, self.budget, self.capacity, self.admit = mech, budget, capacity, admit
         self.fallback, self.steps = fallback, steps
-        self.regime: Replace | None = None
+        self.regime = Regime()
         self.in_fallback = fallback is not None  # until the first answer (AgentPolicy)
 
     def plan(self, step: StepInfo) -> Replace | None:
         g = step.global_step
         if g in self.applied:
             d = self.applied[g]
-            self.regime = plan = None
             self.in_fallback = bool(d.get("fallback")) and self.fallback is not None
-            if d.get("replace") and not d.get("fallback"):
-                plan = Replace(self.mech, _rows(d.get("budget") or self.budget, self.capacity), "replay",
-                               self.admit)
-                if self.mech == "lookahead":
-                    self.regime = plan
+            replace = d.get("replace") and not d.get("fallback")
+            plan = self.regime.apply(Replace(self.mech, _rows(d.get("budget") or self.budget, self.capacity),
+                                             "replay", self.admit) if replace else None)
         else:
-            plan = self.regime
+            plan = self.regime.standing
         if self.in_fallback:
             plan = self.fallback.plan(StepInfo(epoch=0, step=g, global_step=g, remaining_steps=self.steps - g))
         return plan

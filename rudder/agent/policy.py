@@ -46,6 +46,7 @@ from rudder.agent.context import ContextBuilder
 from rudder.agent.decision import DecisionMaker, resolve_fallback, warm_prompt
 from rudder.agent.judge import measure, reflect  # noqa: F401 (measure: re-exported)
 from rudder.agent.messages import START_WINDOW, Decision, HistoryEntry, budget_rows
+from rudder.agent.steering import Regime
 from rudder.config import AgentConfig, PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, mechanism_for
 
@@ -102,7 +103,7 @@ class AgentPolicy(Policy):
         self._n = 0
         self._last_step = -1
         self._fallback_active = True  # until the first answer: the model may still be loading
-        self._regime: Replace | None = None  # repeated by every plan() until the next decision
+        self._regime = Regime()  # repeated by every plan() until the next decision
         self.dropped_windows = 0
         self._load_error: str | None = None
         self._ready = threading.Event()  # set when the model is loaded and warmed (or failed to)
@@ -171,7 +172,7 @@ class AgentPolicy(Policy):
         if not arrived:
             if self._fallback_active:
                 return self._fallback_plan(step)
-            return self._regime  # the standing decision: a lookahead round every minibatch, or none
+            return self._regime.standing  # a lookahead round every minibatch, or none
         for old, _ in arrived[:-1]:
             old.reason = f"{old.reason} [superseded, never applied]"
             self._finish(old)
@@ -189,7 +190,7 @@ class AgentPolicy(Policy):
         log.info("agent#%d (window %s, staleness %s): %s%s", d.decision, d.window, d.staleness,
                  f"fallback {d.fallback}" if d.fallback else ("replace " + str(d.budget) if d.replace else "keep"),
                  f" in {d.latency_s:.2f} s" if d.latency_s is not None else "")
-        self._regime = None
+        self._regime.end()
         if d.fallback:
             self._fallback_active = True
             self._finish(d)  # no prediction to check
@@ -198,11 +199,9 @@ class AgentPolicy(Policy):
         self._pending.append((d, judged, entry))
         if not d.replace:
             return None
-        r = Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity), f"agent#{d.decision}",
-                    self.cfg.admit)  # the lookahead policy's admission, for a like-for-like regime
-        if self.mechanism == "lookahead":
-            self._regime = r  # held: the same round on every minibatch until the next decision
-        return r
+        # the lookahead policy's admission, for a like-for-like regime
+        return self._regime.apply(Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity),
+                                          f"agent#{d.decision}", self.cfg.admit))
 
     def wait_ready(self, timeout_s: float) -> float:
         t0 = time.monotonic()

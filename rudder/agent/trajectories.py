@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rudder.agent.judge import LabelRule  # noqa: F401 (the label: defined in judge, re-exported)
+from rudder.agent.steering import Regime
 from rudder.config import PrefetchConfig
 from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, mechanism_for
 from rudder.prefetch.policy import budget_rows as share_rows
@@ -265,7 +266,7 @@ class WindowedDecisionPolicy(Policy):
         self._windows_seen = 0
         self._prev: WindowStats | None = None
         self._pending: dict | None = None  # decided, not yet taken by plan()
-        self._regime: Replace | None = None  # repeated by plan() until the next decision
+        self._regime = Regime()  # repeated by plan() until the next decision
         # decided, awaiting their outcome window: (record, pre-window, features)
         self._open: list[tuple[dict, WindowStats, dict[str, float]]] = []
         self._ready: list[dict] = []
@@ -284,16 +285,12 @@ class WindowedDecisionPolicy(Policy):
         with self._lock:
             rec, self._pending = self._pending, None
         if rec is None:
-            return self._regime  # the standing decision: a lookahead round every minibatch, or none
+            return self._regime.standing  # a lookahead round every minibatch, or none
         rec["applied_step"] = step.global_step
         rec["staleness"] = step.global_step - rec["decided_step"]
-        self._regime = None
-        if rec["replace"] and self.max_rows > 0:
-            r = Replace(self.mechanism, self.max_rows, rec["policy"], self.cfg.admit)
-            if self.mechanism == "lookahead":
-                self._regime = r
-            return r
-        return None
+        replace = rec["replace"] and self.max_rows > 0
+        return self._regime.apply(
+            Replace(self.mechanism, self.max_rows, rec["policy"], self.cfg.admit) if replace else None)
 
     def observe(self, metrics: dict, window: dict | None = None) -> None:
         if metrics:
@@ -319,7 +316,7 @@ class WindowedDecisionPolicy(Policy):
             self._ready.extend(rec for rec, _, _ in self._open)
             self._open = []
             self._pending = None
-        self._regime = None
+        self._regime.end()
 
     # -- to implement --
     def decide(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
