@@ -118,3 +118,32 @@ def test_prompts_are_byte_identical():
     assert len(digests) == 336
     everything = hashlib.sha256(json.dumps([digests[k] for k in sorted(digests)], sort_keys=True).encode()).hexdigest()
     assert everything == "3f0f4b8c9d56ec88f8de43ebff188139478cf87315f03d880a07018b9b239242"
+
+
+def test_a_forked_replayer_continues_as_the_original():
+    """hindsight's fork: a copy with its own buffer continues exactly as the original would,
+    and stepping it leaves the original untouched."""
+    from rudder.prefetch.policies import make_policy
+    from rudder.sim.replay import BufferReplayer, PositionTrace, replay
+
+    trace = random_trace(halo=300, minibatches=30, batch=80, capacity=0.2, skew=0.8, seed=2)
+    pc = PrefetchConfig(policy="lookahead", lookahead=2, budget=0.1)
+    pt = PositionTrace(trace)
+
+    def replayer():
+        pol = make_policy(pc)
+        rp = BufferReplayer(pt, pol, trace.capacity, alpha=pc.alpha, period=pc.period, depth=2, window=5)
+        pol.setup(type("Ctx", (), {"capacity": trace.capacity})())
+        rp.fill(trace.init_positions()[:trace.capacity])
+        return rp
+
+    whole = replay(pt, replayer())
+    rp = replayer()
+    replay(pt, rp, stop=12)
+    fork = rp.fork()
+    tail = replay(pt, fork)
+    assert rp.g == 12 and fork.g == 30
+    assert tail["hits"][12:].tolist() == whole["hits"][12:].tolist()
+    rest = replay(pt, rp)  # the original, after its fork ran ahead
+    assert rest["hits"][12:].tolist() == whole["hits"][12:].tolist()
+    assert whole["remote_rows"].tolist() == trace.sizes().tolist()

@@ -315,8 +315,9 @@ def _wait_for_answer(pol, timeout_s: float) -> float:
 def _simulate_cache(trace, spec, C, init, rank, verify) -> SimResult:
     rp = CacheReplayer(make_cache(spec.base, C, trace.num_halo), verify)
     rp.fill(init)
+    pt = PositionTrace(trace)
     t0 = time.perf_counter()
-    counts = replay(PositionTrace(trace), rp)
+    counts = replay(pt, rp)
     res = SimResult(spec.spec, rank, trace, C, rp.initial_fill, counts, time.perf_counter() - t0)
     res.extra["evictions"] = rp.cache.evictions
     res.windows = _post_hoc_windows(res, DEFAULT_WINDOW)
@@ -324,10 +325,11 @@ def _simulate_cache(trace, spec, C, init, rank, verify) -> SimResult:
 
 
 def _simulate_belady(trace, spec, C, start, rank) -> SimResult:
+    pt = PositionTrace(trace)
     t0 = time.perf_counter()
-    rp = BeladyReplayer(trace, C, start)
+    rp = BeladyReplayer(trace, C, start)  # the optimum is computed here, over the whole trace
     rp.fill(np.zeros(0, dtype=np.int64))
-    counts = replay(PositionTrace(trace), rp)
+    counts = replay(pt, rp)
     res = SimResult(spec.spec, rank, trace, C, rp.initial_fill, counts, time.perf_counter() - t0)
     res.windows = _post_hoc_windows(res, DEFAULT_WINDOW)
     return res
