@@ -7,9 +7,11 @@ classifier:<name>, ...) run through the very code training runs:
 records and windows built as `rudder.pipeline.MinibatchPipeline` builds them (lookahead within
 the epoch, remaining_steps, buffer state at window close). Classic caches (lru, lfu, s3fifo,
 sieve) run through `rudder.sim.caches`, the hindsight optimum (belady) through
-`rudder.sim.oracle`.
+`rudder.sim.oracle`. All of them replay through the one loop of `rudder.sim.replay` (each
+behind its Replayer adapter).
 
-Policy names take their knobs after colons; a comma list is a grid:
+Policy names take their knobs after colons, in the order each policy declares them
+(`Policy.knobs`); a comma list is a grid:
   fixed[:PERIOD[:ALPHA]]          fixed:10,25,50
   lookahead[:DEPTH[:BUDGET[:ADMIT]]]  lookahead:1,3:0.01,0.05:misses,any
   classifier:NAME                 agent   none   static   lru   lfu   s3fifo   sieve   belady
