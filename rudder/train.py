@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     # gloo also all-reduces CUDA tensors, and the CPU-side counters below stay valid with it.
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    torch.set_num_threads(int(os.environ.get("RUDDER_THREADS", "1")))
+    # The launcher's share of the node's cores (node cores / trainers on it), recorded in run.json
+    threads = int(os.environ.get("RUDDER_THREADS") or os.environ.get("OMP_NUM_THREADS") or 1)
+    torch.set_num_threads(threads)
     torch.manual_seed(tc.seed + rank)
 
     g = dgl.distributed.DistGraph(graph_name, part_config=part_config)
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         capacity=capacity, batch_size=tc.batch_size, fanouts=list(tc.fanouts),
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=feat_dim,
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead,
-        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps},
+        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
+               "threads": threads},
     )
     policy.setup(ctx)
     t_ready = policy.wait_ready(cfg.agent.ready_timeout_s)  # the agent's model loading; others: 0

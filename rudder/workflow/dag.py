@@ -90,6 +90,7 @@ class StudyDAG:
         self.report_dir = str(report_dir) if report_dir else None
         self.cwd = Path(cwd or os.getcwd())
         self.remote = remote  # run directories are not visible from here (Globus Compute)
+        self.rerun = rerun  # run complete runs again (the train task would skip them otherwise)
         self.states = [RunState(r) for r in study.runs]
         self.started_at = time.time()
         self.stage_futs: dict[tuple, Any] = {}
@@ -200,7 +201,7 @@ class StudyDAG:
                 cfg["runs_dir"] = str(self._abs(cfg["runs_dir"]))
             timeout = run.config.cluster.run_timeout_s + self.ex.run_timeout_margin_s
             st.future = apps.train(cfg, run.run_id, run.study, launch=launch, timeout_s=timeout,
-                                   cwd=None if self.remote else str(self.cwd),
+                                   cwd=None if self.remote else str(self.cwd), rerun=self.rerun,
                                    inputs=[self.part_futs[run.part_key]],
                                    parsl_resource_specification=self._resource_spec(run))
 
