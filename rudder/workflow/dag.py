@@ -167,17 +167,19 @@ class StudyDAG:
 
     def _spec_text(self, run: PlannedRun) -> str:
         spec = self._resource_spec(run)
-        return f", {spec['num_nodes']} node(s)" if spec else ""
+        return f", {spec['num_nodes']} node(s)" if spec.get("num_nodes") else ""
 
     def _resource_spec(self, run: PlannedRun) -> dict:
         return self._nodes_spec("train", run.config.cluster.machines)
 
     def _nodes_spec(self, app: str, nodes: int) -> dict:
         """MPI executors (and MPI endpoints) give each task whole nodes and require a spec:
-        a run gets one node per machine, stage and partition one node."""
-        if not self.ex.is_mpi(self.ex.route(app)):
-            return {}
-        return {"num_nodes": nodes, "ranks_per_node": 1, "num_ranks": nodes}
+        a run gets one node per machine, stage and partition one node. Through a templated
+        endpoint the spec also carries the app's user endpoint config."""
+        spec = {"num_nodes": nodes, "ranks_per_node": 1, "num_ranks": nodes} \
+            if self.ex.is_mpi(self.ex.route(app)) else {}
+        uec = self.ex.user_endpoint_config(app)  # a Globus Compute endpoint's template values
+        return {**spec, "user_endpoint_config": uec} if uec else spec
 
     # -- submission ---------------------------------------------------------------------------
 
