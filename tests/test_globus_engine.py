@@ -176,7 +176,7 @@ def _local_substitute(nodefile: Path):
         from parsl.providers import LocalProvider
 
         rendered = engine.executor.provider
-        engine.executor.provider = LocalProvider(
+        engine.executor._provider = LocalProvider(  # parsl: `provider` is a read-only property
             init_blocks=0, min_blocks=0, max_blocks=1, launcher=SimpleLauncher(),
             worker_init=f"{rendered.worker_init}\nexport PBS_NODEFILE={nodefile}")
         engine.executor.encrypted = False
@@ -239,8 +239,9 @@ def test_study_through_the_rendered_perlmutter_endpoint(tmp_path):
         # two user endpoints, as the endpoint would start: the runs' GPU block, the CPU node
         seen = made[0].user_configs_seen
         assert len(engines.engines) == 2 and len(seen) == 5  # stage partition train collect report
-        assert {c.get("constraint") for c in seen} == {None, "cpu"}
-        train_engine = next(e for k, e in engines.engines.items() if '"cpu"' not in k)
+        assert sorted(c["constraint"] for c in seen) == ["cpu"] * 4 + ["gpu"]
+        assert [c["nodes"] for c in seen if c["constraint"] == "gpu"] == [8]
+        train_engine = next(e for k, e in engines.engines.items() if '"gpu"' in k)
         assert train_engine.executor.max_workers_per_block == 2
         assert train_engine.executor.drain_period == 3 * 3600 - 2100
         # resume through the endpoint: the task itself sees the complete run and skips it

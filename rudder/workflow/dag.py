@@ -339,7 +339,8 @@ def _describe_executor(m) -> str:
         if p.type == "SlurmProvider":
             extra = (f" (constraint {p.constraint}, qos {p.qos}, {p.nodes_per_block} node(s)/block,"
                      f" max {p.max_blocks} block(s), walltime {p.walltime})")
-        return f"{t} + {p.type}{extra}, {m.max_workers} worker(s)"
+        drain = f", drain {m.drain_period} s" if m.drain_period else ""
+        return f"{t} + {p.type}{extra}, {m.max_workers} worker(s){drain}"
     if t == "ThreadPoolExecutor":
         return f"{t}, {m.max_threads} thread(s)"
     return f"{t} endpoint {m.endpoint_id}{' (MPI)' if m.mpi else ''}"
