@@ -125,3 +125,35 @@ def test_two_loopback_runs_at_once(tmp_path):
     a, b = reps["a"][0], reps["b"][0]
     assert a["dgl_port"] != b["dgl_port"] and a["master_port"] != b["master_port"]
     assert len({a["dgl_port"], b["dgl_port"], a["master_port"], b["master_port"]}) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_agent_service_on_loopback_and_its_url_handed_to_the_trainers(tmp_path):
+    """The run's agent service (the runner's argv: the real llama.cpp server with the shipped
+    SmolLM2) binds the machine's loopback on a port of its own; the trainers get its URL from
+    its ready file and reach it there."""
+    from rudder.config import RunConfig
+    from rudder.runner import agent_service_argv
+
+    cfg = RunConfig.model_validate({"prefetch": {"policy": "agent"},
+                                    "agent": {"backend": "http",
+                                              "model": {"name": "smollm2-135m"}}})
+    service = agent_service_argv(cfg)
+    assert service[service.index("--host") + 1] == "127.0.0.1"
+    server = tmp_path / "server.py"
+    server.write_text(FAKE_SERVER)
+    part = tmp_path / "part.json"
+    part.write_text("{}")
+    probe = ("import json, os, urllib.request; url = os.environ['RUDDER_AGENT_URL']; "
+             "body = json.load(urllib.request.urlopen(url + '/v1/models', timeout=30)); "
+             "print(url, body['data'][0]['id'])")
+    spec = ClusterSpec(machines=1, trainers_per_machine=1, netns=False, start_timeout_s=200,
+                       run_timeout_s=250, kill_grace_s=2, wait_services=True, rendezvous=False)
+    with LocalCluster(spec, tmp_path / "run") as c:
+        res = c.run(part, [sys.executable, "-c", probe], service_argv=service,
+                    server_argv=[sys.executable, str(server)], env={"FAKE_SERVER_LIFE": "5"})
+    assert res.ok, res.summary()
+    url, model = Path(res.logs["machine0/trainer0"]).read_text().split()[-2:]
+    assert url.startswith("http://127.0.0.1:") and not url.endswith(":8431")
+    assert model == "smollm2-135m"

@@ -283,7 +283,8 @@ class LocalCluster:
             held = hold_port(LOOPBACK)
             self._held.append(held)
             dgl_port = held.getsockname()[1]
-            master_port = 0  # machine 0's supervisor binds the store's port and holds it
+        if spec.machines == 1:  # only machine 0's trainers need it: its supervisor binds and
+            master_port = 0     # holds any free port and tells them (no fixed-port clashes)
         ip_config = self.run_dir / "ip_config.txt"
         ip_config.write_text("".join(f"{a} {dgl_port}\n" for a in self.addresses))
 

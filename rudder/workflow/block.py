@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from rudder.config import ConfigError, RunConfig, format_validation_error
     from pydantic import ValidationError
 
-    from rudder.cluster.launch import Launch
+    from rudder.cluster.launch import ClusterError, Launch
 
     try:
         request = json.loads(sys.stdin.read())
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError('stdin: expected {"config": ..., "launch": ...}')
         cfg = RunConfig.model_validate(request["config"])
         launch = Launch.of(request.get("launch"))
-    except (ValidationError, ValueError) as exc:
+    except (ValidationError, ValueError, ClusterError) as exc:
         msg = format_validation_error(exc, "stdin") if isinstance(exc, ValidationError) else str(exc)
         print(msg, file=sys.stderr)
         return 2
