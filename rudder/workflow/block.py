@@ -34,7 +34,7 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rudder.workflow.block",
-                                     description="one Rudder run, config as JSON on stdin")
+                                     description="one Rudder run, {config, launch} as JSON on stdin")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--study")
     parser.add_argument("--rerun", action="store_true",
