@@ -157,3 +157,31 @@ def test_agent_service_on_loopback_and_its_url_handed_to_the_trainers(tmp_path):
     url, model = Path(res.logs["machine0/trainer0"]).read_text().split()[-2:]
     assert url.startswith("http://127.0.0.1:") and not url.endswith(":8431")
     assert model == "smollm2-135m"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_agent_service_port_taken_before_it_binds(tmp_path, monkeypatch):
+    """The port the service chose is taken (by another run's server) before llama.cpp binds it:
+    the other listener does not count as ready (not our process), our server's exit is seen, and
+    a new port is chosen."""
+    import rudder.agent.service as service
+    from rudder.agent.models import resolve
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(4)
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    real = service.free_port
+    monkeypatch.setattr(service, "free_port", lambda host="127.0.0.1": next(ports, None) or real(host))
+    svc = service.AgentService(resolve("smollm2-135m"), host="127.0.0.1", ready_timeout_s=120,
+                               log_path=tmp_path / "svc.log", model_alias="smollm2-135m")
+    assert svc.port == taken
+    try:
+        svc.start()
+        assert svc.port != taken and svc.ready()
+        assert "address already in use" in (tmp_path / "svc.log").read_text().lower()
+    finally:
+        svc.stop()
+        squatter.close()
