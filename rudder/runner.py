@@ -53,9 +53,10 @@ def prepare_data(cfg: RunConfig):
 
 
 def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = None,
-                check: bool = False) -> RunResult:
+                check: bool = False, launch=None) -> RunResult:
+    """launch: how the machines start (rudder.cluster.launch.Launch or its dict; None: local)."""
     from rudder.cluster import ClusterSpec
-    from rudder.cluster.slurm import make_cluster  # LocalCluster, or Slurm when RUDDER_LAUNCHER=slurm
+    from rudder.cluster.launch import make_cluster  # LocalCluster, or SlurmCluster by `launch`
 
     import rudder
 
@@ -89,7 +90,7 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     log.info("run %s: %s on %d machine(s) x %d trainer(s), policy %s", run_id, cfg.dataset.name,
              c.machines, c.trainers_per_machine, cfg.prefetch.policy)
     try:
-        with make_cluster(spec, run_dir) as cluster:
+        with make_cluster(spec, run_dir, launch) as cluster:
             res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service)
         ok, reason = res.ok, res.reason
     except Exception as exc:  # cluster setup failure: recorded, never a hang
@@ -101,8 +102,10 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
         ok, reason = _check_outputs(run_dir, c.machines * c.trainers_per_machine)
     contexts = {p.stem.split("-r")[-1]: json.loads(p.read_text()) for p in run_dir.glob("context-r*.json")}
     ended = time.time()
+    threads = {rank: (ctx.get("extra") or {}).get("threads") for rank, ctx in contexts.items()}
     update_run_json(run_dir, status="complete" if ok else "failed", reason=reason or None,
-                    ended_at=ended, wall_s=ended - started, contexts=contexts)
+                    ended_at=ended, wall_s=ended - started, contexts=contexts,
+                    threads_per_trainer=threads)
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
     return RunResult(run_id, run_dir, ok, reason or "")
@@ -112,7 +115,10 @@ def agent_service_argv(cfg: RunConfig) -> list[str] | None:
     """One agent service per machine when the agent runs over HTTP (one model per node)."""
     if cfg.prefetch.policy != "agent" or cfg.agent.backend != "http" or cfg.agent.url:
         return None
+    # bound to the node's loopback (reachable by that node's trainers only) on a free port;
+    # the supervisor hands the URL from its ready file to the trainers (RUDDER_AGENT_URL)
     return [sys.executable, "-m", "rudder.agent.service", "--model", cfg.agent.model.name,
+            "--host", "127.0.0.1", "--port", "0",
             *(["--path", cfg.agent.model.path] if cfg.agent.model.path else []),
             "--threads", str(cfg.agent.threads)]
 

@@ -148,6 +148,7 @@ class Partition:
     local_ids: Any  # ids of the local partition's graph (dgl.NID)
     feat: Any  # DistTensor of features
     labels: Any  # DistTensor of labels
+    threads: int  # torch threads of this trainer
 
     def loader(self, nids, tc, shuffle: bool):
         import dgl
@@ -167,7 +168,9 @@ def join_cluster(part_config: str, seed: int) -> Partition:
     # gloo also all-reduces CUDA tensors, and the CPU-side counters stay valid with it.
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    torch.set_num_threads(int(os.environ.get("RUDDER_THREADS", "1")))
+    # The launcher's share of the node's cores (node cores / trainers on it), recorded in run.json
+    threads = int(os.environ.get("RUDDER_THREADS") or os.environ.get("OMP_NUM_THREADS") or 1)
+    torch.set_num_threads(threads)
     torch.manual_seed(seed + rank)
 
     g = dgl.distributed.DistGraph(graph_name, part_config=part_config)
@@ -179,7 +182,8 @@ def join_cluster(part_config: str, seed: int) -> Partition:
         g, pb, rank, world, pb.partid,
         train_nids=dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=True),
         val_nids=dgl.distributed.node_split(g.ndata["val_mask"], pb, force_even=True),
-        inner=inner, halo=ids[~inner], local_ids=ids, feat=g.ndata["feat"], labels=g.ndata["label"])
+        inner=inner, halo=ids[~inner], local_ids=ids, feat=g.ndata["feat"], labels=g.ndata["label"],
+        threads=threads)
 
 
 @dataclass
@@ -248,7 +252,8 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
         capacity=capacity, batch_size=tc.batch_size, fanouts=list(tc.fanouts),
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=int(part.feat.shape[1]),
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead, run_dir=str(run_dir),
-        extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps},
+        extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
+               "threads": part.threads},
     )
     policy.setup(ctx)
     t_ready = policy.wait_ready(cfg.agent.ready_timeout_s)  # the agent's model loading; others: 0

@@ -188,3 +188,32 @@ def test_one_machine_on_loopback(parts1, tmp_path):
 def test_netns_available_reports_why():
     ok, why = netns_available()
     assert ok == ROOT or why
+
+
+@pytest.mark.timeout(300)
+def test_two_loopback_runs_at_once(parts1, tmp_path):
+    """Two one-machine runs on this host's loopback at the same time (what two Slurm runs on one
+    node, or two non-root users, do): each holds its own DGL and rendezvous ports, so neither
+    binds the other's port nor joins the other's server."""
+    results = {}
+
+    def one(name: str) -> None:
+        with LocalCluster(ClusterSpec(machines=1, netns=False, start_timeout_s=150,
+                                      run_timeout_s=250, kill_grace_s=2), tmp_path / name) as c:
+            results[name] = c.run(parts1, probe_argv(parts1, tmp_path / name / "out"))
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=280)
+    ports = set()
+    for name in ("a", "b"):
+        res = results[name]
+        assert res.ok, res.summary()
+        (rep,) = reports(tmp_path / name / "out")
+        assert rep["matched"] and rep["checked"] == 500
+        ports.add((tmp_path / name / "ip_config.txt").read_text().split()[1])
+        assert "machine0/store" in res.exit_codes
+    assert len(ports) == 2
+    assert not leftovers("", tmp_path / "a") and not leftovers("", tmp_path / "b")

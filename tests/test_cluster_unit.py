@@ -108,7 +108,7 @@ def test_netns_available_answers():
 
 def loopback(tmp_path, **kw) -> LocalCluster:
     kw = {"machines": 1, "trainers_per_machine": 2, "netns": False, "start_timeout_s": 10,
-          "run_timeout_s": 20, "kill_grace_s": 1, **kw}
+          "run_timeout_s": 20, "kill_grace_s": 1, "rendezvous": False, **kw}  # no torch here
     return LocalCluster(ClusterSpec(**kw), tmp_path / "run")
 
 

@@ -48,7 +48,8 @@ def test_slurm_cluster_finds_its_nodes(slurm, tmp_path, monkeypatch):
     address probed on the configured interface by one srun step; too few nodes is a clear error.
     (Running the supervisors is checked end to end below.)"""
     from rudder.cluster import ClusterSpec
-    from rudder.cluster.slurm import SlurmCluster, allocation_nodes, make_cluster
+    from rudder.cluster.launch import make_cluster
+    from rudder.cluster.slurm import SlurmCluster, allocation_nodes
 
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     monkeypatch.setenv("SLURM_JOB_NODELIST", slurm.node)  # as inside sbatch/salloc
@@ -57,21 +58,21 @@ def test_slurm_cluster_finds_its_nodes(slurm, tmp_path, monkeypatch):
     monkeypatch.setenv("PARSL_MPI_NODELIST", f"{slurm.node},other")  # the MPI executor's pick
     assert allocation_nodes() == [slurm.node, "other"]
     monkeypatch.delenv("PARSL_MPI_NODELIST")
-    monkeypatch.setenv("RUDDER_LAUNCHER", "slurm")
-    monkeypatch.setenv("RUDDER_IFNAME", "lo")
-    with make_cluster(ClusterSpec(machines=1, start_timeout_s=60), tmp_path / "run") as c:
+    slurm_lo = {"type": "slurm", "ifname": "lo"}  # the execution config's launch, as data
+    with make_cluster(ClusterSpec(machines=1, start_timeout_s=60), tmp_path / "run",
+                      slurm_lo) as c:
         assert isinstance(c, SlurmCluster)
         assert c.hosts == [slurm.node]
         assert c.addresses == ["127.0.0.1"] and c.interfaces == ["lo"]
-    monkeypatch.setenv("RUDDER_IFNAME", "nosuch0")
     with pytest.raises(Exception, match="interface 'nosuch0' has no IPv4 address"):
-        with make_cluster(ClusterSpec(machines=1, start_timeout_s=60), tmp_path / "run1"):
+        with make_cluster(ClusterSpec(machines=1, start_timeout_s=60), tmp_path / "run1",
+                          {"type": "slurm", "ifname": "nosuch0"}):
             pass
     with pytest.raises(Exception, match="2 machines asked but the allocation has 1 node"):
-        with make_cluster(ClusterSpec(machines=2), tmp_path / "run2"):
+        with make_cluster(ClusterSpec(machines=2), tmp_path / "run2", slurm_lo):
             pass
-    monkeypatch.setenv("RUDDER_LAUNCHER", "local")
-    assert not isinstance(make_cluster(ClusterSpec(machines=1), tmp_path / "run3"), SlurmCluster)
+    assert not isinstance(make_cluster(ClusterSpec(machines=1), tmp_path / "run3",
+                                       {"type": "local"}), SlurmCluster)
     deadline = time.monotonic() + 30
     while slurm.jobs() and time.monotonic() < deadline:
         time.sleep(0.3)

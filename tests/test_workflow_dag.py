@@ -54,8 +54,8 @@ class Recorder:
         time.sleep(self.sleep)
         return {"dataset": name, "num_parts": parts}
 
-    def train(self, config, run_id, study, launch=None, timeout_s=None, cwd=None, inputs=(),
-              parsl_resource_specification={}):
+    def train(self, config, run_id, study, launch=None, timeout_s=None, cwd=None, rerun=False,
+              inputs=(), parsl_resource_specification={}):
         from rudder.records import update_run_json
         from rudder.workflow.study import config_hash
         from rudder.config import RunConfig

@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--execution", default=str(DEFAULT_EXECUTION), metavar="FILE",
                    help="execution YAML: where and how runs execute, plus run defaults "
                         "(default: %(default)s)")
-    p.add_argument("--runs-dir", default="runs", metavar="DIR",
-                   help="run directories go to DIR/<study>/<run id>/ (default: %(default)s)")
+    p.add_argument("--runs-dir", metavar="DIR",
+                   help="run directories go to DIR/<study>/<run id>/ (default: the execution "
+                        "file's runs_dir, else runs)")
     p.add_argument("--db", metavar="FILE",
                    help="DuckDB results file (default: RUNS_DIR/<study>/results.duckdb)")
     p.add_argument("--report-dir", metavar="DIR",
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Parsl retries of a failed app (default: the execution file's)")
     p.add_argument("--rerun", action="store_true",
                    help="run every run again, even those already complete")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                   help="a ${NAME} of the execution file (account, QOS, ...), instead of the "
+                        "environment (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run config key for every run, e.g. --set train.epochs=1 "
                         "(repeatable; part of each run's config hash)")
@@ -76,25 +80,43 @@ def parse_sets(items: list[str]) -> dict:
     return parse_overrides(items)
 
 
+def parse_vars(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--var {item!r}: expected NAME=VALUE")
+        out[name] = value
+    return out
+
+
 def load_inputs(args):
-    """(study, execution config) from the files and flags; ConfigError on anything invalid."""
+    """(study, execution config) from the files and flags; ConfigError on anything invalid,
+    including a study that does not fit its execution (rudder.workflow.fit). Sets
+    args.runs_dir to the runs root used (--runs-dir, else the execution file's runs_dir)."""
     from rudder.config import load_yaml
     from rudder.workflow.execution import split_execution_file, with_endpoint
+    from rudder.workflow.fit import fit_study
     from rudder.workflow.study import expand, parse_study, set_dotted
 
-    ex, base = split_execution_file(args.execution)
+    sets = parse_sets(args.set)
+    provided = set(sets) | ({"runs_dir"} if args.runs_dir else set())  # dotted keys
+    ex, base = split_execution_file(args.execution, parse_vars(args.var), provided)
+    runs_dir = base.pop("runs_dir", None)
+    args.runs_dir = args.runs_dir or runs_dir or "runs"
     if args.retries is not None:
         if args.retries < 0:
             raise ValueError("--retries must be >= 0")
         ex = ex.model_copy(update={"retries": args.retries})
-    if args.endpoint:
-        ex = with_endpoint(ex, args.endpoint)
     cfg = parse_study(load_yaml(args.study), args.study)
     run = dict(cfg.run)
-    for key, value in parse_sets(args.set).items():
+    for key, value in sets.items():
         set_dotted(run, key, value)
     cfg = cfg.model_copy(update={"run": run})
     study = expand(cfg, base, args.study, runs_dir=args.runs_dir)
+    ex = fit_study(ex, study)  # the same values make the endpoint's blocks (with_endpoint)
+    if args.endpoint:
+        ex = with_endpoint(ex, args.endpoint)
     return study, ex
 
 
@@ -160,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"scaling_study: {exc}", file=sys.stderr)
         return 2
-    runs_dir = args.runs_dir
+    runs_dir = args.runs_dir  # resolved by load_inputs
     study_dir = Path(runs_dir) / study.name
     db = args.db or str(study_dir / "results.duckdb")
     report_dir = None if args.no_report else (args.report_dir or str(study_dir / "report"))

@@ -62,6 +62,7 @@ class AgentService:
             raise ValueError("AgentService binds to one address (the node's or loopback), not all")
         self.model_path = str(model_path)
         self.host = host
+        self._auto_port = not port  # chosen here: another may take it before the server binds
         self.port = port or free_port(host)
         self.threads = threads
         self.n_ctx = n_ctx
@@ -89,21 +90,35 @@ class AgentService:
     def start(self) -> "AgentService":
         if self.proc is not None:
             return self
-        if self.log_path:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_path, "ab")
-            out = self._log_file
-        else:
-            out = subprocess.DEVNULL
-        log.info("starting agent service %s on %s", Path(self.model_path).name, self.url)
-        # Own process group: stop() takes the server and anything it spawned.
-        self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        tries = 3 if self._auto_port else 1
+        for attempt in range(1, tries + 1):
+            if self.log_path:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                self._log_file = open(self.log_path, "ab")
+                out = self._log_file
+            else:
+                out = subprocess.DEVNULL
+            log.info("starting agent service %s on %s", Path(self.model_path).name, self.url)
+            # Own process group: stop() takes the server and anything it spawned.
+            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                self._wait_ready()
+                return self
+            except AgentServiceError:
+                from rudder.cluster.machine import _listen_inodes
+
+                # the free port was taken between choosing and binding it: choose again
+                taken = self.proc.poll() is not None and _listen_inodes(self.port)
+                self.stop()
+                if not taken or attempt == tries:
+                    raise
+                log.warning("port %d was taken before the server bound it; trying another",
+                            self.port)
+                self.port = free_port(self.host)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def _wait_ready(self) -> None:
@@ -127,6 +142,12 @@ class AgentService:
         return ""
 
     def ready(self) -> bool:
+        """Our server answers: its own process listens on the port (not another run's server
+        that took it) and /v1/models responds."""
+        from rudder.cluster.machine import listens
+
+        if self.proc is None or not listens(self.proc.pid, self.port):
+            return False
         try:
             with urllib.request.urlopen(self.url + "/v1/models", timeout=1.0) as resp:
                 json.loads(resp.read())

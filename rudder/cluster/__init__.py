@@ -7,8 +7,10 @@ Picture (2 machines, 1 trainer each, as root; <t> = prefix + 6 hex digits, e.g. 
       └── veth <t>h1 ══ <t>n1 in netns <t>m1, 10.a.b.2   (machine 1)
     in each namespace, in its own mount namespace with a private tmpfs /dev/shm:
         python -m rudder.cluster.machine PLAN   (the machine's supervisor)
+          ├─ store       (machine 0: torch's rendezvous store, python -m rudder.cluster.store,
+          │               on a socket the supervisor bound to the machine's address)
           ├─ DGL server  (python -m rudder.cluster.dist_server; partition -> /dev/shm)
-          ├─ services    (optional, e.g. an agent HTTP service on $RUDDER_MACHINE_ADDR)
+          ├─ services    (optional, e.g. the agent's model server on the machine's loopback)
           └─ trainers    (the caller's argv; DGL client + torch.distributed gloo)
 
 API:
@@ -44,19 +46,25 @@ What each process finds in its environment:
             (cores / total trainers unless set)
   server:   DGL_ROLE=server DGL_SERVER_ID=<machine> DGL_IP_CONFIG DGL_NUM_SERVER=1
             DGL_NUM_CLIENT=<total trainers> DGL_CONF_PATH DGL_GRAPH_FORMAT=csc
-  service:  RUDDER_SERVICE_ID, RUDDER_READY_FILE (touch it when ready; waited for only with
-            spec.wait_services)
+  service:  RUDDER_SERVICE_ID, RUDDER_READY_FILE (write it when ready, with the service's URL
+            if it has one; waited for only with spec.wait_services)
   trainer:  DGL_ROLE=client DGL_DIST_MODE=distributed DGL_NUM_SERVER=1 DGL_NUM_SAMPLER=0
             DGL_NUM_CLIENT DGL_GROUP_ID=0 DGL_IP_CONFIG DGL_CONF_PATH, MASTER_ADDR (machine 0),
-            MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GLOO_SOCKET_IFNAME
+            MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GLOO_SOCKET_IFNAME,
+            RUDDER_THREADS (torch threads: the machine's cores / its trainers),
+            TORCHELASTIC_USE_AGENT_STORE=True (join machine 0's store as a client; with
+            spec.rendezvous), RUDDER_AGENT_URL (service 0's URL, with spec.wait_services)
 A trainer calls `dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])` before
 `torch.distributed.init_process_group("gloo")` (env:// rendezvous).
+How a run starts its machines is a value: `rudder.cluster.launch.make_cluster(spec, run_dir,
+launch)` with launch {type: local | slurm, ifname, srun_args} (the execution config's `launch:`).
 
 Files under run_dir: ip_config.txt ("addr port" per machine); logs/machine<m>.{supervisor,server,
 service<j>,trainer<rank>}.log; cluster/machine<m>.{plan,status}.json; cluster/result.json.
 
-Without root (or netns=False) one machine runs on 127.0.0.1 without network namespaces (free
-ports are chosen if the default ones are taken; as root it still gets a private /dev/shm); more
+Without root (or netns=False) one machine runs on 127.0.0.1 without network namespaces (its
+ports are bound and held for the run: DGL's by the owner, the store's by the supervisor; a server
+is ready when that very process listens; as root it still gets a private /dev/shm); more
 machines or bandwidth shaping then fail with a ClusterError saying why.
 
 Leftovers: every name carries the cluster's id and is registered (with the owner's pid) before it

@@ -34,7 +34,8 @@ _ROLE_VARS = frozenset({
     "DGL_NUM_CLIENT", "DGL_CONF_PATH", "DGL_GRAPH_FORMAT", "DGL_DIST_MODE", "DGL_NUM_SAMPLER",
     "DGL_GROUP_ID", "RUDDER_MACHINE_ID", "RUDDER_NUM_MACHINES", "RUDDER_MACHINE_ADDR",
     "RUDDER_ADDRESSES", "RUDDER_RUN_DIR", "RUDDER_IP_CONFIG", "RUDDER_SERVICE_ID",
-    "RUDDER_READY_FILE"})
+    "RUDDER_READY_FILE", "RUDDER_STORE_FD", "RUDDER_THREADS", "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT"})
 _PKG_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding `rudder/`
 
 
@@ -51,7 +52,10 @@ class ClusterSpec:
     start_timeout_s: float = 120.0  # launch -> every server listening and every trainer started
     run_timeout_s: float = 1800.0  # launch -> every machine done; the run is torn down past it
     dgl_port: int = 30050  # DGL server port on each machine (per namespace: no clash between runs)
-    master_port: int = 29500  # torch.distributed rendezvous on machine 0
+    master_port: int = 29500  # torch.distributed rendezvous on machine 0 (loopback: any free)
+    # machine 0 hosts the trainers' torch.distributed store (rudder.cluster.store) on a socket
+    # its supervisor binds and holds; False for trainers that do not use torch.distributed
+    rendezvous: bool = True
     kill_grace_s: float = 5.0  # SIGTERM -> SIGKILL
     wait_services: bool = False  # trainers start after each service touched $RUDDER_READY_FILE
     graph_format: str = "csc"  # DGL_GRAPH_FORMAT of the servers
@@ -129,20 +133,16 @@ def _close_all() -> None:
         cluster.close()
 
 
-def _port_free(port: int, host: str = LOOPBACK) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+def hold_port(host: str = LOOPBACK) -> socket.socket:
+    """A port of `host` bound and held (not listening) for a run's lifetime: SO_REUSEADDR lets
+    the process that serves it (the DGL server, which sets it too) bind and listen there, while
+    any other socket's bind fails and the kernel never hands the port out for bind(0). Close it
+    when the run is over. (Checking a port and binding it later lets two runs pick the same.)"""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.set_inheritable(False)
+    s.bind((host, 0))
+    return s
 
 
 class LocalCluster:
@@ -157,6 +157,8 @@ class LocalCluster:
         self.use_netns: bool | None = None
         self._addresses: list[str] = []
         self._procs: list[subprocess.Popen] = []  # supervisors of the run in progress
+        self.loopback = False  # machines on this host's shared loopback (no namespaces)
+        self._held: list[socket.socket] = []  # ports of the run in progress (hold_port)
         self._lock = threading.Lock()
         self._closed = False
         self.net_setup_s: float | None = None
@@ -182,6 +184,7 @@ class LocalCluster:
             _LIVE.add(self)
             if not self.use_netns:
                 self._addresses = [LOOPBACK]
+                self.loopback = True
                 return self
             t0 = time.monotonic()
             removed = nets.cleanup_stale(spec.prefix)
@@ -238,6 +241,9 @@ class LocalCluster:
             self._closed = True
             _LIVE.discard(self)
             self._kill_procs(self._procs, grace=0.0)
+            for held in self._held:
+                held.close()
+            self._held = []
             problems: list[str] = []
             if self.net is not None:
                 problems = nets.destroy_network(self.net)
@@ -273,11 +279,12 @@ class LocalCluster:
             stale.unlink()
 
         dgl_port, master_port = spec.dgl_port, spec.master_port
-        if not self.use_netns:  # the host's loopback is shared with everything else
-            if not _port_free(dgl_port):
-                dgl_port = _free_port()
-            if not _port_free(master_port) or master_port == dgl_port:
-                master_port = _free_port()
+        if self.loopback:  # the host's loopback is shared with other runs: hold our ports
+            held = hold_port(LOOPBACK)
+            self._held.append(held)
+            dgl_port = held.getsockname()[1]
+        if spec.machines == 1:  # only machine 0's trainers need it: its supervisor binds and
+            master_port = 0     # holds any free port and tells them (no fixed-port clashes)
         ip_config = self.run_dir / "ip_config.txt"
         ip_config.write_text("".join(f"{a} {dgl_port}\n" for a in self.addresses))
 
@@ -306,6 +313,9 @@ class LocalCluster:
             sigstate["teardown"] = True  # a signal now is remembered, not raised mid-teardown
             codes = self._kill_procs(self._procs, grace=spec.kill_grace_s + 2.0)
             self._procs = []
+            for held in self._held:
+                held.close()
+            self._held = []
             if self.net is not None:  # anything that escaped the supervisors' process groups
                 for ns in self.net.namespaces:
                     nets.kill_namespace_processes(ns)
@@ -339,6 +349,11 @@ class LocalCluster:
             base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // total))
         return base
 
+    def threads_per_trainer(self) -> int:
+        """torch threads of each trainer: emulated machines share this host's cores (a Slurm
+        node divides its own, rudder.cluster.slurm)."""
+        return max(1, (os.cpu_count() or 1) // (self.spec.machines * self.spec.trainers_per_machine))
+
     def _plan(self, m: int, part_config: Path, ip_config: Path, dgl_port: int, master_port: int,
               trainer_argv: list[str], services: list[list[str]], server_argv: list[str] | None,
               launched_at: float, cdir: Path, logs: Path) -> dict:
@@ -356,6 +371,13 @@ class LocalCluster:
             "env": {**common, **dgl, "DGL_ROLE": "server", "DGL_SERVER_ID": str(m),
                     "DGL_GRAPH_FORMAT": spec.graph_format},
             "log": str(logs / f"machine{m}.server.log")}]
+        if m == 0 and spec.rendezvous:  # its socket is bound (and held) by the supervisor
+            procs.append({
+                "key": "machine0/store", "label": "rendezvous store on machine 0", "role": "store",
+                "argv": [sys.executable, "-m", "rudder.cluster.store"],
+                "env": {**common, "MASTER_ADDR": addr, "MASTER_PORT": str(master_port),
+                        "RUDDER_READY_FILE": str(cdir / "ready" / "store")},
+                "log": str(logs / "machine0.store.log")})
         for j, argv in enumerate(services):
             procs.append({
                 "key": f"machine{m}/service{j}", "label": f"service {j} on machine {m}",
@@ -371,10 +393,14 @@ class LocalCluster:
                 "env": {**common, **dgl, "DGL_ROLE": "client", "DGL_DIST_MODE": "distributed",
                         "DGL_NUM_SAMPLER": "0", "DGL_GROUP_ID": "0",
                         "MASTER_ADDR": self.addresses[0], "MASTER_PORT": str(master_port),
+                        "RUDDER_THREADS": str(self.threads_per_trainer()),
                         "RANK": str(rank), "WORLD_SIZE": str(n * tpm),
                         "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(tpm),
                         "GLOO_SOCKET_IFNAME": self.interfaces[m]},
                 "log": str(logs / f"machine{m}.trainer{rank}.log")})
+            if spec.rendezvous:  # join machine 0's store as clients (torch: an agent's store)
+                procs[-1]["env"].update({"TORCHELASTIC_USE_AGENT_STORE": "True",
+                                         "TORCHELASTIC_RESTART_COUNT": "0"})
         return {"machine": m, "num_machines": n, "addr": addr, "dgl_port": dgl_port,
                 "owner_pid": os.getpid(), "launched_at": launched_at,
                 "start_deadline": launched_at + spec.start_timeout_s,

@@ -6,10 +6,15 @@ tmpfs tmpfs /dev/shm && exec python -m rudder.cluster.machine PLAN'`), so every 
 shares that machine's address and shared memory: trainers map the partition the server put there.
 
 Sequence (every wait bounded by the plan's start deadline):
-  1. start the DGL server; wait until it listens on the DGL port (its partition is loaded by then);
-     touch <ready>/server<m>;
-  2. start the per-machine services (e.g. an agent HTTP service on this machine's address); with
-     `wait_services`, wait until each touched its $RUDDER_READY_FILE;
+  0. machine 0: bind the rendezvous store's socket on this machine's address (loopback in a
+     loopback run) and start the store (rudder.cluster.store) on it: the port is held from the
+     bind to the end of the run, never checked and bound later;
+  1. start the DGL server; wait until it listens on the DGL port — a listening socket owned by
+     this server process, not just any on that port (another run's would not do); touch
+     <ready>/server<m>;
+  2. start the per-machine services (e.g. the agent's model server on this node's loopback);
+     with `wait_services`, wait until each wrote its $RUDDER_READY_FILE; service 0's file holds
+     its URL, which the trainers get as RUDDER_AGENT_URL;
   3. wait until every machine's server is listening (files <ready>/server<j>): trainers started
      earlier would sit in DGL's connect loop, which sleeps seconds between tries;
   4. start the trainers; touch <ready>/trainers<m>;
@@ -30,6 +35,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,10 +48,9 @@ EXIT_INTERNAL = 70
 TICK_S = 0.25  # upper bound between checks; child exits and signals wake us at once
 
 
-def listening_ports() -> set[int]:
-    """TCP ports in LISTEN state in this network namespace (/proc/net/tcp follows the caller's
-    namespace)."""
-    ports: set[int] = set()
+def _listen_inodes(port: int) -> set[int]:
+    """Socket inodes of the TCP listeners on `port` in this network namespace."""
+    inodes: set[int] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -53,9 +58,30 @@ def listening_ports() -> set[int]:
             continue
         for line in lines:
             parts = line.split()
-            if len(parts) > 3 and parts[3] == "0A":  # TCP_LISTEN
-                ports.add(int(parts[1].rsplit(":", 1)[1], 16))
-    return ports
+            if len(parts) > 9 and parts[3] == "0A" and \
+                    int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(parts[9]))
+    return inodes
+
+
+def listens(pid: int, port: int) -> bool:
+    """True when process `pid` itself holds a socket listening on `port`: readiness of this
+    run's server, not of whatever else listens there."""
+    inodes = _listen_inodes(port)
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            return True
+    return False
 
 
 class Stop(Exception):
@@ -78,6 +104,7 @@ class Child:
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.stopped = False  # we sent it a signal: its exit code is not a failure
+        self.pass_fds: tuple[int, ...] = ()  # inherited descriptors (the store's socket)
 
     @property
     def running(self) -> bool:
@@ -89,7 +116,7 @@ class Child:
         with open(self.spec["log"], "ab") as out:
             self.popen = subprocess.Popen(self.spec["argv"], env=env, stdin=subprocess.DEVNULL,
                                           stdout=out, stderr=subprocess.STDOUT,
-                                          cwd=self.spec.get("cwd"))
+                                          cwd=self.spec.get("cwd"), pass_fds=self.pass_fds)
         self.started_at = time.time()
         try:
             self.pidfd = os.pidfd_open(self.popen.pid)
@@ -252,8 +279,38 @@ class Supervisor:
         self.log(f"exit {code}")
         return code
 
+    def start_store(self, store: Child) -> None:
+        """Binds the store's socket (MASTER_PORT 0: a free port, told to this machine's
+        trainers), listens, and hands it to the store process: held, never re-bound."""
+        addr = store.spec["env"]["MASTER_ADDR"]
+        port = int(store.spec["env"]["MASTER_PORT"])
+        if port == 0 and self.plan["num_machines"] > 1:
+            raise Stop("rendezvous port 0 (any) with several machines: the others could not "
+                       "know it", EXIT_START_FAILED)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr, port))
+            sock.listen(1024)
+        except OSError as exc:
+            sock.close()
+            raise Stop(f"cannot bind the rendezvous store on {addr}:{port} on machine {self.m}: "
+                       f"{exc}", EXIT_START_FAILED) from None
+        port = sock.getsockname()[1]
+        for c in [store, *self.role("trainer")]:
+            c.spec["env"]["MASTER_PORT"] = str(port)
+        store.spec["env"]["RUDDER_STORE_FD"] = str(sock.fileno())
+        store.pass_fds = (sock.fileno(),)
+        try:
+            self.start(store)
+        finally:
+            sock.close()  # the store holds it now
+
     def main(self) -> None:
         port = self.plan["dgl_port"]
+        self.phase = "store"
+        for store in self.role("store"):
+            self.start_store(store)
         self.phase = "server"
         for server in self.role("server"):
             self.start(server)
@@ -262,7 +319,7 @@ class Supervisor:
                 if server.returncode is not None:  # exited 0 without ever listening
                     raise Stop(f"{server.label} exited before listening on port {port}",
                                EXIT_START_FAILED)
-                return port in listening_ports()
+                return listens(server.popen.pid, port)
 
             self.wait_until(listening, f"DGL server not listening on {self.plan['addr']}:{port}")
         self.touch(f"server{self.m}")
@@ -273,6 +330,10 @@ class Supervisor:
             for svc in self.role("service"):
                 ready = Path(svc.spec["env"]["RUDDER_READY_FILE"])
                 self.wait_until(ready.exists, f"{svc.label} did not create {ready}")
+            url = self._service_url()
+            if url:  # the run's own service, at the address and port it bound
+                for tr in self.role("trainer"):
+                    tr.spec["env"]["RUDDER_AGENT_URL"] = url
         self.phase = "barrier"
         n = self.plan["num_machines"]
 
@@ -291,7 +352,18 @@ class Supervisor:
         while any(c.returncode is None for c in core):
             self.tick()
         self.phase = "finishing"
-        self.stop_children([c for c in self.role("service") if c.running])
+        self.stop_children([c for c in self.role("service") + self.role("store") if c.running])
+
+    def _service_url(self) -> str | None:
+        """What service 0 wrote to its ready file, when that is a URL."""
+        services = self.role("service")
+        if not services:
+            return None
+        try:
+            text = Path(services[0].spec["env"]["RUDDER_READY_FILE"]).read_text().strip()
+        except OSError:
+            return None
+        return text if text.startswith(("http://", "https://")) else None
 
     def stop_children(self, children: list[Child]) -> None:
         """SIGTERM, then SIGKILL after the grace period; reaps them all (bounded)."""

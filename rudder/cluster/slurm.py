@@ -16,10 +16,10 @@ PARSL_MPI_NODELIST), a run with M machines takes the first M nodes and:
 Everything but the launch is LocalCluster's: this class only overrides where the machines are
 (start), how they are started (_launch) and their environment (_base_env).
 
-Selection: `make_cluster(spec, run_dir)` returns a SlurmCluster when RUDDER_LAUNCHER=slurm
-(the study's `execution.launch.type: slurm` sets it), else a LocalCluster. RUDDER_IFNAME names
-the interface (hsn0 on Perlmutter; default: the address the node name resolves to) and
-RUDDER_SRUN_ARGS adds srun options (e.g. "-c 128 --cpu-bind=none --gpus-per-node=4").
+Selection: `rudder.cluster.launch.make_cluster(spec, run_dir, launch)` returns a SlurmCluster
+for the execution config's `launch: {type: slurm, ifname, srun_args}` (passed as data): ifname
+names the interface (hsn0 on Perlmutter; default: the address the node name resolves to) and
+srun_args adds srun options (e.g. "-c 128 --cpu-bind=none --gpus-per-node=4").
 """
 from __future__ import annotations
 
@@ -114,9 +114,8 @@ class SlurmCluster(LocalCluster):
             raise ClusterError("bandwidth shaping emulates a network; on Slurm nodes the network "
                                "is real (set cluster.bandwidth: null)")
         super().__init__(spec, run_dir)
-        self.ifname = ifname if ifname is not None else (os.environ.get("RUDDER_IFNAME") or None)
-        if srun_args is None:
-            srun_args = os.environ.get("RUDDER_SRUN_ARGS", "")
+        self.ifname = ifname or None
+        srun_args = srun_args or []
         self.srun_args = shlex.split(srun_args) if isinstance(srun_args, str) else list(srun_args)
         self._nodes = nodes
         self.hosts: list[str] = []
@@ -200,14 +199,11 @@ class SlurmCluster(LocalCluster):
         self._procs.append(spawn_logged(cmd, env, srun_log))
 
 
-def make_cluster(spec: ClusterSpec, run_dir: str | Path) -> LocalCluster:
-    """The cluster a run uses: SlurmCluster when RUDDER_LAUNCHER=slurm, else LocalCluster."""
-    launcher = os.environ.get("RUDDER_LAUNCHER", "local")
-    if launcher == "slurm":
-        return SlurmCluster(spec, run_dir)
-    if launcher != "local":
-        raise ClusterError(f"RUDDER_LAUNCHER={launcher!r}; valid: local, slurm")
-    return LocalCluster(spec, run_dir)
+def make_cluster(spec: ClusterSpec, run_dir: str | Path, launch=None) -> LocalCluster:
+    """Kept for callers of the old name: rudder.cluster.launch.make_cluster."""
+    from rudder.cluster.launch import make_cluster as make
+
+    return make(spec, run_dir, launch)
 
 
 # -- the per-node side ----------------------------------------------------------------------------
@@ -249,8 +245,10 @@ def node_main(cdir: Path) -> int:
         local = int(p["env"].get("LOCAL_RANK", 0))
         if gpus:
             p["env"]["CUDA_VISIBLE_DEVICES"] = gpus[local % len(gpus)]
+        threads = str(max(1, (cores or 1) // max(1, len(trainers))))  # this node's cores
+        p["env"]["RUDDER_THREADS"] = threads  # the trainer's torch threads (run.json records it)
         if "OMP_NUM_THREADS" not in os.environ:
-            p["env"]["OMP_NUM_THREADS"] = str(max(1, (cores or 1) // max(1, len(trainers))))
+            p["env"]["OMP_NUM_THREADS"] = threads
     # The owner is whoever started us (slurmstepd): the supervisor stops if it goes away.
     plan["owner_pid"] = os.getppid()
     print(f"{time.strftime('%H:%M:%S')} node {name}: machine {m} of {len(hosts)}, "

@@ -1,13 +1,14 @@
-"""`python -m rudder.workflow.block --run-id ID [--study NAME] < config.json`: one run in its
+"""`python -m rudder.workflow.block --run-id ID [--study NAME] < request.json`: one run in its
 own process (the train_block app starts it; see rudder.workflow.tasks.run_block).
 
-Reads a RunConfig (JSON) on stdin, calls rudder.runner.execute_run and exits 0 when the run is
-complete, 1 when it failed, 2 on a bad config. It dies with its parent (PR_SET_PDEATHSIG), and a
-lock on the run directory keeps two attempts (e.g. an orphan of a killed study and its rerun)
-from running the same run at once: the second waits, then skips a run the first completed.
-
-RUDDER_LAUNCHER=slurm (set from the execution config's `launch:`) starts the machines with
-srun, one supervisor per node (rudder.cluster.slurm), instead of LocalCluster.
+Reads `{"config": RunConfig, "launch": {type, ifname, srun_args}}` (JSON) on stdin — the launch
+is the execution config's `launch:` as data (rudder.cluster.launch) — calls
+rudder.runner.execute_run and exits 0 when the run is complete, 1 when it failed, 2 on a bad
+config. It dies with its parent (PR_SET_PDEATHSIG), and a lock on the run directory keeps two
+attempts (e.g. an orphan of a killed study and its rerun) from running the same run at once: the
+second waits, then skips a run the first completed (unless --rerun). An attempt starts from an
+empty record set: the records of an earlier attempt (a failed one, or a complete one with
+--rerun) are removed first, since the trainers append.
 """
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rudder.workflow.block",
-                                     description="one Rudder run, config as JSON on stdin")
+                                     description="one Rudder run, {config, launch} as JSON on stdin")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--study")
+    parser.add_argument("--rerun", action="store_true",
+                        help="run even if another attempt completed it meanwhile")
     parser.add_argument("--lock-timeout", type=float, default=None,
                         help="seconds to wait for another attempt of this run (default: its "
                         "cluster.run_timeout_s)")
@@ -49,9 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     from rudder.config import ConfigError, RunConfig, format_validation_error
     from pydantic import ValidationError
 
+    from rudder.cluster.launch import ClusterError, Launch
+
     try:
-        cfg = RunConfig.model_validate(json.loads(sys.stdin.read()))
-    except (ValidationError, ValueError) as exc:
+        request = json.loads(sys.stdin.read())
+        if not isinstance(request, dict) or "config" not in request:
+            raise ValueError('stdin: expected {"config": ..., "launch": ...}')
+        cfg = RunConfig.model_validate(request["config"])
+        launch = Launch.of(request.get("launch"))
+    except (ValidationError, ValueError, ClusterError) as exc:
         msg = format_validation_error(exc, "stdin") if isinstance(exc, ValidationError) else str(exc)
         print(msg, file=sys.stderr)
         return 2
@@ -80,14 +89,17 @@ def main(argv: list[str] | None = None) -> int:
                     log.warning("run %s: another attempt is running; waiting for it", args.run_id)
                     waited = True
                 time.sleep(1.0)
-        if waited and is_complete(run_dir, config_hash(cfg)):
+        if waited and not args.rerun and is_complete(run_dir, config_hash(cfg)):
             log.info("run %s: completed by the other attempt", args.run_id)
             return 0
-        _select_launcher(log)
+        removed = clear_records(run_dir)
+        if removed:
+            log.info("run %s: removed %d record file(s) of an earlier attempt", args.run_id,
+                     removed)
         from rudder.runner import execute_run
 
         try:
-            res = execute_run(cfg, run_id=args.run_id, study=args.study)
+            res = execute_run(cfg, run_id=args.run_id, study=args.study, launch=launch)
         except ConfigError as exc:
             print(str(exc), file=sys.stderr)
             return 2
@@ -96,22 +108,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if res.ok else 1
 
 
-def _select_launcher(log: logging.Logger) -> None:
-    """RUDDER_LAUNCHER=slurm: machines are Slurm nodes. rudder.cluster.slurm.make_cluster reads
-    the variable itself; this bridge covers a runner that still builds LocalCluster directly."""
-    if os.environ.get("RUDDER_LAUNCHER", "local") != "slurm":
-        return
-    import inspect
+# What a run's trainers and runner write (the trainers append to the .jsonl files).
+RECORD_GLOBS = ("minibatches-r*.jsonl", "epochs-r*.jsonl", "windows-r*.jsonl",
+                "decisions-r*.jsonl", "trajectories-r*.jsonl", "trace-r*.npz", "context-r*.json",
+                "done-r*.json", "inputs-r*.pt", "oracle-r*.json")
 
-    import rudder.runner as runner
 
-    if "make_cluster" in inspect.getsource(runner):
-        return
-    import rudder.cluster as cluster_pkg
-    from rudder.cluster.slurm import SlurmCluster
-
-    log.info("launcher: slurm (srun one machine supervisor per node)")
-    cluster_pkg.LocalCluster = SlurmCluster  # execute_run imports it from the package at call time
+def clear_records(run_dir: Path) -> int:
+    """Removes an earlier attempt's records (run.json is rewritten by the runner); returns how
+    many files went."""
+    n = 0
+    for pattern in RECORD_GLOBS:
+        for path in run_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+            n += 1
+    return n
 
 
 if __name__ == "__main__":

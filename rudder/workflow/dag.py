@@ -90,6 +90,7 @@ class StudyDAG:
         self.report_dir = str(report_dir) if report_dir else None
         self.cwd = Path(cwd or os.getcwd())
         self.remote = remote  # run directories are not visible from here (Globus Compute)
+        self.rerun = rerun  # run complete runs again (the train task would skip them otherwise)
         self.states = [RunState(r) for r in study.runs]
         self.started_at = time.time()
         self.stage_futs: dict[tuple, Any] = {}
@@ -166,17 +167,19 @@ class StudyDAG:
 
     def _spec_text(self, run: PlannedRun) -> str:
         spec = self._resource_spec(run)
-        return f", {spec['num_nodes']} node(s)" if spec else ""
+        return f", {spec['num_nodes']} node(s)" if spec.get("num_nodes") else ""
 
     def _resource_spec(self, run: PlannedRun) -> dict:
         return self._nodes_spec("train", run.config.cluster.machines)
 
     def _nodes_spec(self, app: str, nodes: int) -> dict:
         """MPI executors (and MPI endpoints) give each task whole nodes and require a spec:
-        a run gets one node per machine, stage and partition one node."""
-        if not self.ex.is_mpi(self.ex.route(app)):
-            return {}
-        return {"num_nodes": nodes, "ranks_per_node": 1, "num_ranks": nodes}
+        a run gets one node per machine, stage and partition one node. Through a templated
+        endpoint the spec also carries the app's user endpoint config."""
+        spec = {"num_nodes": nodes, "ranks_per_node": 1, "num_ranks": nodes} \
+            if self.ex.is_mpi(self.ex.route(app)) else {}
+        uec = self.ex.user_endpoint_config(app)  # a Globus Compute endpoint's template values
+        return {**spec, "user_endpoint_config": uec} if uec else spec
 
     # -- submission ---------------------------------------------------------------------------
 
@@ -200,7 +203,7 @@ class StudyDAG:
                 cfg["runs_dir"] = str(self._abs(cfg["runs_dir"]))
             timeout = run.config.cluster.run_timeout_s + self.ex.run_timeout_margin_s
             st.future = apps.train(cfg, run.run_id, run.study, launch=launch, timeout_s=timeout,
-                                   cwd=None if self.remote else str(self.cwd),
+                                   cwd=None if self.remote else str(self.cwd), rerun=self.rerun,
                                    inputs=[self.part_futs[run.part_key]],
                                    parsl_resource_specification=self._resource_spec(run))
 
@@ -336,7 +339,8 @@ def _describe_executor(m) -> str:
         if p.type == "SlurmProvider":
             extra = (f" (constraint {p.constraint}, qos {p.qos}, {p.nodes_per_block} node(s)/block,"
                      f" max {p.max_blocks} block(s), walltime {p.walltime})")
-        return f"{t} + {p.type}{extra}, {m.max_workers} worker(s)"
+        drain = f", drain {m.drain_period} s" if m.drain_period else ""
+        return f"{t} + {p.type}{extra}, {m.max_workers} worker(s){drain}"
     if t == "ThreadPoolExecutor":
         return f"{t}, {m.max_threads} thread(s)"
     return f"{t} endpoint {m.endpoint_id}{' (MPI)' if m.mpi else ''}"

@@ -23,6 +23,7 @@ inputs not permitted`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -117,6 +118,9 @@ class HtexModel(Strict):
     heartbeat_period: int = Field(30, gt=0)
     heartbeat_threshold: int = Field(120, gt=0)
     worker_debug: bool = False
+    drain_period: int | None = Field(None, gt=0, description="s after a block starts when its "
+                                     "workers take no more tasks (None on Slurm: walltime minus "
+                                     "the longest run, set by fit_study)")
     provider: Provider
 
 
@@ -131,6 +135,7 @@ class MpiModel(Strict):
     heartbeat_period: int = Field(30, gt=0)
     heartbeat_threshold: int = Field(120, gt=0)
     worker_debug: bool = False
+    drain_period: int | None = Field(None, gt=0, description="as HighThroughputExecutor's")
     provider: Provider
 
 
@@ -140,13 +145,16 @@ class ThreadsModel(Strict):
 
 
 class GlobusComputeModel(Strict):
-    """A Globus Compute endpoint (e.g. on a Perlmutter login node, configs/perlmutter/
-    endpoint.yaml). `mpi: true` when the endpoint runs GlobusMPIEngine: runs then ask for
-    `num_nodes` = machines."""
+    """A Globus Compute endpoint (e.g. on a Perlmutter login node, configs/perlmutter/config.yaml
+    + user_config_template.yaml.j2). `mpi: true` when the endpoint runs GlobusMPIEngine: tasks
+    then ask for `num_nodes` (a run: its machines). `user_configs`: the template variables sent
+    with each app's tasks (app name, or "*" for any), e.g. {account, qos, walltime, nodes,
+    worker_init}; the endpoint starts one engine per distinct set."""
 
     type: Literal["GlobusComputeExecutor"]
     endpoint_id: UUID
     mpi: bool = False
+    user_configs: dict[str, dict[str, Any]] = {}
 
 
 Executor = Annotated[Union[HtexModel, MpiModel, ThreadsModel, GlobusComputeModel],
@@ -194,17 +202,118 @@ class ExecutionConfig(Strict):
         ex = self.executors.get(label)
         return isinstance(ex, MpiModel) or (isinstance(ex, GlobusComputeModel) and ex.mpi)
 
+    def user_endpoint_config(self, app: str) -> dict | None:
+        """The template variables an app's tasks carry to its Globus Compute endpoint."""
+        ex = self.executors.get(self.route(app))
+        if not isinstance(ex, GlobusComputeModel):
+            return None
+        return ex.user_configs.get(app) or ex.user_configs.get("*")
+
     def is_remote(self) -> bool:
         """True when runs execute on another filesystem (Globus Compute)."""
         return any(isinstance(self.executors.get(self.route(a)), GlobusComputeModel)
                    for a in HEAVY_APPS)
 
 
+# -- variables ------------------------------------------------------------------------------------
+# Site values (account, QOS, walltime, data and runs roots, model path) are `${NAME}` or
+# `${NAME:-default}` in an execution file, filled when it is loaded from the environment or
+# `--var NAME=VALUE`; a missing one is an error naming it and the keys that use it, before
+# anything is submitted. Shell variables in worker_init are written without braces ($PATH).
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def builtin_variables(repo_root: str | Path | None = None) -> dict[str, str]:
+    """Defaults every execution file may use: this checkout and this interpreter's venv (the
+    workers of a shared filesystem run the same ones)."""
+    root = Path(repo_root or Path(__file__).resolve().parents[2])
+    return {"RUDDER_REPO": str(root), "RUDDER_VENV": sys.prefix, "RUDDER_PYTHON": sys.executable}
+
+
+def expand_vars(text: str, env: dict[str, str], missing: list[str]) -> str:
+    """`${NAME}` and `${NAME:-default}` (the default may hold `${...}` itself) from env; names
+    that are unset (or empty) and have no default go to `missing` and stay as written."""
+    out, i = [], 0
+    while True:
+        j = text.find("${", i)
+        if j < 0:
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:j])
+        m = _NAME_RE.match(text, j + 2)
+        if m is None:
+            out.append("${")
+            i = j + 2
+            continue
+        name, k, default = m.group(0), m.end(), None
+        if text.startswith(":-", k):
+            depth, p = 1, k + 2
+            while p < len(text) and depth:
+                if text.startswith("${", p):
+                    depth, p = depth + 1, p + 2
+                    continue
+                depth -= text[p] == "}"
+                p += 1
+            if depth:
+                raise ConfigError(f"unbalanced braces in {text!r}")
+            default, end = text[k + 2:p - 1], p
+        elif text.startswith("}", k):
+            end = k + 1
+        else:  # not ours (e.g. ${NAME[0]}): left as written
+            out.append(text[j:k])
+            i = k
+            continue
+        if env.get(name):
+            out.append(env[name])
+        elif default is not None:
+            out.append(expand_vars(default, env, missing))
+        else:
+            missing.append(name)
+            out.append(text[j:end])
+        i = end
+
+
+def expand_tree(data: Any, env: dict[str, str], path: str = "") -> tuple[Any, dict[str, list[str]]]:
+    """Every string of a YAML tree expanded; returns (tree, {missing name: [dotted keys]})."""
+    missing: dict[str, list[str]] = {}
+
+    def walk(node: Any, where: str) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v, f"{where}.{k}" if where else str(k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{where}.{i}") for i, v in enumerate(node)]
+        if isinstance(node, str):
+            names: list[str] = []
+            value = expand_vars(node, env, names)
+            for n in names:
+                missing.setdefault(n, []).append(where)
+            return value
+        return node
+
+    return walk(data, path), missing
+
+
 # -- loading --------------------------------------------------------------------------------------
 
-def split_execution_file(path: str | Path) -> tuple[ExecutionConfig, dict]:
-    """(execution config, run defaults) from one file; run defaults are the RunConfig keys."""
+def split_execution_file(path: str | Path, variables: dict[str, str] | None = None,
+                         provided: set[str] | frozenset = frozenset(),
+                         env: dict[str, str] | None = None) -> tuple[ExecutionConfig, dict]:
+    """(execution config, run defaults) from one file; run defaults are the RunConfig keys.
+
+    `${NAME}` values come from `variables` (--var), else the environment (`env`, default
+    os.environ), else builtin_variables(). A name that none of them sets raises ConfigError naming
+    it and its keys, unless every key using it is in `provided` (set on the command line, e.g.
+    runs_dir by --runs-dir)."""
     data = load_yaml(path)
+    env = {**builtin_variables(), **(os.environ if env is None else env), **(variables or {})}
+    data, missing = expand_tree(data, env)
+    unmet = {n: keys for n, keys in missing.items() if not set(keys) <= set(provided)}
+    if unmet:
+        lines = [f"{path}: needs {len(unmet)} variable(s) not set:"]
+        lines += [f"  {n}  (used by {', '.join(keys)})" for n, keys in sorted(unmet.items())]
+        lines.append("set them in the environment (export NAME=VALUE) or pass --var NAME=VALUE")
+        raise ConfigError("\n".join(lines))
     section = data.pop("execution", None)
     data.pop("study", None)
     if section is None:
@@ -286,6 +395,7 @@ def _executor(label: str, m: Any, globus_executor_factory=None):
             label=label, address=_address(m.address), max_workers_per_node=m.max_workers,
             cores_per_worker=m.cores_per_worker, heartbeat_period=m.heartbeat_period,
             heartbeat_threshold=m.heartbeat_threshold, worker_debug=m.worker_debug,
+            drain_period=m.drain_period,
             interchange_launch_cmd=[interchange] if Path(interchange).exists() else None,
             provider=_provider(m.provider))
     if isinstance(m, MpiModel):
@@ -295,6 +405,7 @@ def _executor(label: str, m: Any, globus_executor_factory=None):
             label=label, address=_address(m.address), max_workers_per_block=m.max_workers,
             mpi_launcher=m.mpi_launcher, heartbeat_period=m.heartbeat_period,
             heartbeat_threshold=m.heartbeat_threshold, worker_debug=m.worker_debug,
+            drain_period=m.drain_period,
             interchange_launch_cmd=interchange if Path(interchange).exists() else None,
             provider=_provider(m.provider))
     if isinstance(m, ThreadsModel):
@@ -327,14 +438,30 @@ def build_parsl_config(ex: ExecutionConfig, run_dir: str | Path | None = None,
 
 def with_endpoint(ex: ExecutionConfig, endpoint_id: str, mpi: bool | None = None) -> ExecutionConfig:
     """The same execution with every app routed to a Globus Compute endpoint (runs, data and the
-    DuckDB file then live on the endpoint's filesystem; collect stays one at a time)."""
+    DuckDB file then live on the endpoint's filesystem; collect stays one at a time). Each app
+    carries the template variables of the executor it was routed to here (its Slurm account,
+    QOS, walltime, nodes, worker_init: rudder.workflow.globus.user_endpoint_config), so the
+    endpoint runs the runs on GPU blocks and stage/partition on a CPU one; collect and report,
+    which ran in the study process, go with the stage app's."""
     try:
         uid = UUID(str(endpoint_id))
     except ValueError:
         raise ConfigError(f"--endpoint: not a UUID: {endpoint_id!r}") from None
     if mpi is None:  # runs that take whole nodes here take them there too (GlobusMPIEngine)
         mpi = ex.is_mpi(ex.route("train"))
-    gce = GlobusComputeModel(type="GlobusComputeExecutor", endpoint_id=uid, mpi=mpi)
+    from rudder.workflow.globus import user_endpoint_config
+
+    configs: dict[str, dict] = {}
+    for app in HEAVY_APPS:
+        uec = user_endpoint_config(ex.executors.get(ex.route(app)))
+        if uec:
+            configs[app] = uec
+    for app in LIGHT_APPS:  # the study process's collector is not on the endpoint
+        uec = user_endpoint_config(ex.executors.get(ex.route(app))) or configs.get("stage")
+        if uec:
+            configs[app] = uec
+    gce = GlobusComputeModel(type="GlobusComputeExecutor", endpoint_id=uid, mpi=mpi,
+                             user_configs=configs)
     return ex.model_copy(update={
         "executors": {"globus": gce},
         "apps": {a: "globus" for a in HEAVY_APPS + LIGHT_APPS},

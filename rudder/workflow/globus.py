@@ -1,6 +1,14 @@
-"""Globus Compute: submit a study's apps to an endpoint (e.g. on Perlmutter, configs/perlmutter/
-endpoint.yaml) through `globus_compute_sdk.Executor(endpoint_id=...)`, wrapped in Parsl's
-GlobusComputeExecutor so the same DAG runs unchanged.
+"""Globus Compute: submit a study's apps to an endpoint (e.g. on Perlmutter, configs/perlmutter/)
+through `globus_compute_sdk.Executor(endpoint_id=...)`, wrapped in Parsl's GlobusComputeExecutor
+so the same DAG runs unchanged.
+
+The endpoint is in the 4.x layout: `config.yaml` (the endpoint, no engine) and
+`user_config_template.yaml.j2` (the engine and its Slurm provider), rendered by the endpoint for
+each distinct set of variables a submission carries (its user endpoint config), after checking
+them against `user_config_schema.json`. `user_endpoint_config(model)` makes that set from an
+executor of the execution file (account, qos, walltime, nodes, worker_init, ...): the runs get
+the GPU executor's, stage/partition the CPU one's, each app its own (rudder.workflow.execution
+.with_endpoint), so the site values live in one place, the execution file.
 
 Fail fast, never prompt: before anything is built, `check_login()` asks the SDK's GlobusApp
 whether a login is needed (no network, instant) and `check_endpoint()` asks the service for the
@@ -11,8 +19,11 @@ GlobusUnavailable with what to do.
 the SDK and the web service do (ComputeSerializer for function, args and kwargs, pack_buffers,
 a messagepack Task) and hands it to a real GlobusComputeEngine (HTEX inside, LocalProvider or
 SlurmProvider) started on this machine; results come back as messagepack Results and are
-unpacked as the SDK does. Everything from serialisation to the engine's workers is real; only
-the web service (AMQP queues, function registry) is skipped.
+unpacked as the SDK does. Given `TemplateEngines(endpoint_dir)` instead of one engine, it does
+what the endpoint does with a submission's user endpoint config: renders the template with the
+endpoint package's own code and starts one engine per distinct config. Everything from
+serialisation to the engine's workers is real; only the web service (AMQP queues, function
+registry) is skipped.
 """
 from __future__ import annotations
 
@@ -97,6 +108,58 @@ def sdk_executor(endpoint_id: str):
     return Executor(endpoint_id=endpoint_id)
 
 
+# -- the endpoint's template variables ------------------------------------------------------------
+
+def user_endpoint_config(model) -> dict | None:
+    """The template variables (configs/perlmutter/user_config_template.yaml.j2) that reproduce
+    an execution-file executor (HighThroughputExecutor or MPIExecutor + SlurmProvider) on the
+    endpoint; None for anything else (it has no Slurm values to send)."""
+    from rudder.workflow.execution import AddressByInterface, MpiModel, SlurmProviderModel
+
+    provider = getattr(model, "provider", None)
+    if not isinstance(provider, SlurmProviderModel):
+        return None
+    if not provider.account or not provider.qos:
+        raise ValueError("an endpoint submission needs provider.account and provider.qos")
+    out = {"account": provider.account, "qos": provider.qos, "walltime": provider.walltime,
+           "nodes": provider.nodes_per_block, "worker_init": provider.worker_init,
+           "exclusive": provider.exclusive, "max_blocks": provider.max_blocks,
+           "max_runs": model.max_workers if isinstance(model, MpiModel) else 1,
+           "constraint": provider.constraint or None,
+           "gpus_per_node": provider.gpus_per_node,
+           "drain_period": getattr(model, "drain_period", None),
+           "ifname": model.address.ifname if isinstance(model.address, AddressByInterface)
+           else None}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def render_user_config(endpoint_dir: str | Path, user_opts: dict):
+    """What the endpoint builds for a submission carrying `user_opts`: config.yaml loaded as the
+    parent (it must be the 4.x endpoint-only kind), the template rendered after the schema
+    check, loaded into a UserEndpointConfig whose engine is built, not started. Uses the
+    endpoint package's own loaders (globus_compute_endpoint.endpoint.config.utils)."""
+    import pwd
+
+    from globus_compute_endpoint.endpoint.config import CoreEndpointConfig
+    from globus_compute_endpoint.endpoint.config.utils import (
+        get_config, load_config_yaml, load_user_config_schema, load_user_config_template,
+        render_config_user_template)
+    from globus_compute_endpoint.endpoint.identity_mapper import MappedPosixIdentity
+
+    endpoint_dir = Path(endpoint_dir)
+    parent = get_config(endpoint_dir)
+    if not isinstance(parent, CoreEndpointConfig):
+        raise ValueError(f"{endpoint_dir}/config.yaml has an engine: the 4.x endpoint refuses "
+                         "it (the engine belongs in user_config_template.yaml.j2)")
+    template_path = endpoint_dir / "user_config_template.yaml.j2"
+    template = load_user_config_template(template_path)
+    schema = load_user_config_schema(endpoint_dir / "user_config_schema.json")
+    identity = MappedPosixIdentity(pwd.getpwuid(os.getuid()), [], None)
+    text = render_config_user_template(parent, template, template_path, identity, schema,
+                                       user_opts, {})
+    return load_config_yaml(text)
+
+
 # -- the local stand-in for the service ---------------------------------------------------------
 
 def pack_task(fn, args: tuple, kwargs: dict, task_id: uuid.UUID | None = None,
@@ -148,9 +211,47 @@ def _sdk_executor_base():
     return Executor
 
 
+class TemplateEngines:
+    """The endpoint's side of templating, on this machine: one engine per distinct user endpoint
+    config, rendered from `endpoint_dir` by render_user_config and started under `run_dir`.
+    `adapt(engine, user_opts)` may change the built engine before it starts (tests swap the
+    SlurmProvider for a LocalProvider where no Slurm runs)."""
+
+    def __init__(self, endpoint_dir: str | Path, run_dir: str | Path, adapt=None):
+        self.endpoint_dir = Path(endpoint_dir)
+        self.run_dir = Path(run_dir)
+        self.adapt = adapt
+        self.engines: dict[str, Any] = {}
+        self.configs: dict[str, Any] = {}  # the rendered UserEndpointConfig per key
+        self._lock = threading.Lock()
+
+    def engine_for(self, user_opts: dict | None):
+        import json
+
+        key = json.dumps(user_opts or {}, sort_keys=True)
+        with self._lock:
+            if key not in self.engines:
+                cfg = render_user_config(self.endpoint_dir, dict(user_opts or {}))
+                engine = cfg.engine
+                if self.adapt is not None:
+                    self.adapt(engine, user_opts or {})
+                run_dir = self.run_dir / f"uep{len(self.engines)}"
+                run_dir.mkdir(parents=True, exist_ok=True)
+                engine.start(endpoint_id=uuid.uuid4(), run_dir=str(run_dir))
+                self.engines[key], self.configs[key] = engine, cfg
+            return self.engines[key]
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for engine in self.engines.values():
+                engine.shutdown()
+            self.engines.clear()
+
+
 class LocalEngineExecutor(_sdk_executor_base()):  # type: ignore[misc]
-    """globus_compute_sdk.Executor look-alike that submits to a local engine (no service).
-    Parsl's GlobusComputeExecutor accepts it (it is an SDK Executor subclass)."""
+    """globus_compute_sdk.Executor look-alike that submits to a local engine (no service), or to
+    the engine a TemplateEngines renders for the submission's user_endpoint_config. Parsl's
+    GlobusComputeExecutor accepts it (it is an SDK Executor subclass)."""
 
     def __init__(self, engine, serde=None):  # noqa: D107 - the SDK's __init__ needs a login
         from globus_compute_sdk.serialize import ComputeSerializer
@@ -163,6 +264,7 @@ class LocalEngineExecutor(_sdk_executor_base()):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._futures: set[cf.Future] = set()
         self.submitted = 0
+        self.user_configs_seen: list[dict | None] = []  # per submission, in order
 
     def __repr__(self) -> str:  # the SDK's reads attributes its __init__ (skipped here) sets
         return f"LocalEngineExecutor(endpoint_id={self.endpoint_id})"
@@ -183,10 +285,14 @@ class LocalEngineExecutor(_sdk_executor_base()):  # type: ignore[misc]
                 self._futures.discard(out)
 
         engine_f.add_done_callback(done)
+        uec = dict(self.user_endpoint_config) if self.user_endpoint_config else None
         with self._lock:
             self._futures.add(out)
             self.submitted += 1
-        self.engine.submit(engine_f, packed, resource_specification=dict(
+            self.user_configs_seen.append(uec)
+        engine = self.engine.engine_for(uec) if isinstance(self.engine, TemplateEngines) \
+            else self.engine
+        engine.submit(engine_f, packed, resource_specification=dict(
             self.resource_specification or {}))
         return out
 

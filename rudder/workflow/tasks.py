@@ -78,15 +78,17 @@ def partition_graph(name: str, num_parts: int, method: str, balance_train: bool,
 
 def run_block(config: dict, run_id: str, study: str | None = None,
               launch: dict | None = None, timeout_s: float | None = None,
-              cwd: str | None = None, python: str | None = None) -> dict:
+              cwd: str | None = None, python: str | None = None, rerun: bool = False) -> dict:
     """One run in a subprocess; returns a summary dict, raises RunFailed if it did not complete.
 
     config: a RunConfig as a dict (runs_dir already includes the study folder);
-    launch: execution.launch as a dict ({type: local|slurm, ifname, srun_args});
+    launch: execution.launch as a dict ({type: local|slurm, ifname, srun_args}), handed to the
+    run's cluster as data (rudder.cluster.launch.make_cluster);
     timeout_s: wall-clock limit of the subprocess (default cluster.run_timeout_s + 300 s);
     cwd: the folder relative paths in `config` are relative to (None: this process's).
     A run already complete with the same config hash is not rerun (resume works even where the
-    study process cannot see the run directories, e.g. through Globus Compute).
+    study process cannot see the run directories, e.g. through Globus Compute), unless `rerun`
+    (the study's --rerun): then it runs again from an empty record set.
     """
     from rudder.config import RunConfig
     from rudder.workflow.study import config_hash
@@ -94,23 +96,21 @@ def run_block(config: dict, run_id: str, study: str | None = None,
     cfg = RunConfig.model_validate(config)
     chash = config_hash(cfg)
     run_dir = Path(cwd or ".") / cfg.runs_dir / run_id
-    if is_complete(run_dir, chash):
+    if not rerun and is_complete(run_dir, chash):
         info = read_run_json(run_dir)
         return {"run_id": run_id, "run_dir": str(run_dir), "status": "complete",
                 "skipped": True, "wall_s": info.get("wall_s"), "reason": ""}
     run_dir.mkdir(parents=True, exist_ok=True)
     if timeout_s is None:
         timeout_s = cfg.cluster.run_timeout_s + 300.0
-    env = dict(os.environ)
-    launch = launch or {}
-    env["RUDDER_LAUNCHER"] = launch.get("type") or "local"
-    if launch.get("ifname"):
-        env["RUDDER_IFNAME"] = launch["ifname"]
-    if launch.get("srun_args"):
-        env["RUDDER_SRUN_ARGS"] = launch["srun_args"]
+    from rudder.cluster.launch import Launch
+
+    request = {"config": cfg.model_dump(mode="json"), "launch": Launch.of(launch).to_dict()}
     argv = [python or sys.executable, "-m", "rudder.workflow.block", "--run-id", run_id]
     if study:
         argv += ["--study", study]
+    if rerun:
+        argv.append("--rerun")
     t0 = time.time()
     log_path = run_dir / "block.log"  # logs/ is the cluster's: it clears it at each start
     with open(log_path, "ab") as log:
@@ -118,10 +118,10 @@ def run_block(config: dict, run_id: str, study: str | None = None,
                   f" pid {os.getpid()}\n".encode())
         log.flush()
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True, cwd=cwd)
+                                start_new_session=True, cwd=cwd)
         timed_out = False
         try:
-            proc.communicate(json.dumps(cfg.model_dump(mode="json")).encode(), timeout=timeout_s)
+            proc.communicate(json.dumps(request).encode(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:  # a timeout, or this worker being stopped: the whole run goes with it
