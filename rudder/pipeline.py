@@ -154,7 +154,7 @@ class MinibatchPipeline:
             y = self.labels[seeds]
             bad = 0
             if self.check:  # here, not in the training thread: DGL RPC stays on one thread
-                bad = int((x != self.feats.dist_feat[input_nodes]).any(dim=1).sum())
+                bad = int((x != self.feats.dist_feat[input_nodes].to(x.device)).any(dim=1).sum())
             record = {
                 "epoch": epoch, "step": step, "global_step": gstep, "t_sample": t_sample,
                 **stats.as_dict(),

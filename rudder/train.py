@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     from rudder.config import RunConfig
+    from rudder.device import DeviceError, describe, resolve, synchronize
     from rudder.model import SAGE
     from rudder.pipeline import MinibatchPipeline
     from rudder.prefetch.buffer import HaloBuffer, choose_initial
@@ -45,10 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     tc, pc = cfg.train, cfg.prefetch
     part_config = run["part_config"]
     graph_name = json.loads(Path(part_config).read_text())["graph_name"]
+    try:  # before joining the cluster: a run that asked for cuda never trains on the CPU
+        device = resolve(tc.device)
+    except DeviceError as exc:
+        log.error("%s", exc)
+        return 4
 
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # before init_process_group (DGL)
-    # One GPU per trainer on GPU nodes (the launcher sets CUDA_VISIBLE_DEVICES); else the CPU.
-    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     # gloo also all-reduces CUDA tensors, and the CPU-side counters below stay valid with it.
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -76,13 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     if policy.uses_buffer:
         degrees = g.in_degrees(halo) if pc.init == "degree" and halo.numel() else None
         init_ids = choose_initial(halo, capacity, pc.init, degrees, seed=tc.seed + rank)
-        buffer = HaloBuffer(halo, capacity, feat_dim, alpha=pc.alpha, period=pc.period, dtype=feat.dtype)
+        buffer = HaloBuffer(halo, capacity, feat_dim, alpha=pc.alpha, period=pc.period, dtype=feat.dtype,
+                            device=device)
         t0 = time.perf_counter()
         buffer.fill(init_ids, feat[init_ids] if init_ids.numel() else None)
         t_init = time.perf_counter() - t0
         init_rows = int(init_ids.numel())
     owner_of = lambda ids: pb.nid2partid(ids)  # noqa: E731
-    feats = BufferedFeatures(feat, owner_of, part_id, buffer, local_id=int(local_g.ndata[dgl.NID][inner][0]))
+    feats = BufferedFeatures(feat, owner_of, part_id, buffer, local_id=int(local_g.ndata[dgl.NID][inner][0]),
+                             device=device)
 
     sampler = dgl.dataloading.NeighborSampler(tc.fanouts)
 
@@ -113,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         capacity=capacity, batch_size=tc.batch_size, fanouts=list(tc.fanouts),
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=feat_dim,
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead,
-        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps},
+        run_dir=str(args.run_dir), extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
+                                          "device": describe(device),
+                                          "buffer_bytes": buffer.feat_bytes if buffer is not None else 0},
     )
     policy.setup(ctx)
     t_ready = policy.wait_ready(cfg.agent.ready_timeout_s)  # the agent's model loading; others: 0
@@ -159,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                 if len(saved_inputs) < 5:  # for an independent remote count in tests
                     saved_inputs.append((mb.input_nodes.clone(), mb.stats.remote_rows))
             t0 = time.perf_counter()
-            blocks = [b.to(device) for b in mb.blocks] if device.type == "cuda" else mb.blocks
             labels_d = mb.labels.long().to(device)
-            logits = model(blocks, mb.feats.to(device))
+            logits = model(mb.blocks, mb.feats.to(device))  # DGL blocks -> tensors on the device
             loss = F.cross_entropy(logits, labels_d)
             opt.zero_grad()
             loss.backward()  # DDP all-reduce: a sync point across trainers
             opt.step()
+            synchronize(device)
             t_compute = time.perf_counter() - t0
             pipe.state.last_t_compute = t_compute
             correct += int((logits.argmax(1) == labels_d).sum())
@@ -222,8 +230,6 @@ def evaluate(model, loader, feat, labels, torch, device) -> float:
     correct = torch.zeros(2)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader:
-            if device.type == "cuda":
-                blocks = [b.to(device) for b in blocks]
             pred = model.module(blocks, feat[input_nodes].to(device)).argmax(1).cpu()
             correct[0] += (pred == labels[seeds]).sum()
             correct[1] += seeds.numel()
