@@ -1,9 +1,9 @@
 """GraphSAGE over sampled blocks, in plain torch: the same code on CUDA and on the CPU.
 
 DistDGL samples on the CPU and DGL's PyPI wheels have no CUDA build, so DGL blocks never move to
-a GPU. Each block becomes a `Block` of plain tensors (its edges as COO in local ids, the src/dst
-counts and the dst nodes' inverse in-degrees) on the training device, and the layers aggregate
-with `index_add_`. `SAGEConv` is DGL's SAGEConv(aggregator_type="mean") with the same parameter
+a GPU. Each block becomes a `Block` of plain tensors (its edges grouped by dst and by src, the
+src/dst counts, the dst nodes' inverse in-degrees) on the training device, and the layers
+aggregate with embedding_bag sums. `SAGEConv` is DGL's SAGEConv(aggregator_type="mean") with the same parameter
 names and initialisation, so weights (state dicts) copy across in both directions.
 """
 from __future__ import annotations
@@ -17,28 +17,45 @@ import torch.nn.functional as F
 
 @dataclass
 class Block:
-    """One sampled layer: edge j runs from src node src[j] to dst node dst[j] (local ids; as in
-    a DGL block the dst nodes are the first num_dst src nodes)."""
+    """One sampled layer as plain tensors, in local ids (as in a DGL block the dst nodes are the
+    first num_dst src nodes). Both directions of the adjacency are kept: in-edges per dst node
+    (CSC) for the forward pass, out-edges per src node (CSR) for the backward pass."""
 
-    src: torch.Tensor  # [E] int64
-    dst: torch.Tensor  # [E] int64
     num_src: int
     num_dst: int
-    inv_deg: torch.Tensor  # [num_dst, 1] 1/in-degree (0 for a dst node without in-edges)
+    in_ptr: torch.Tensor  # [num_dst + 1] CSC offsets
+    in_src: torch.Tensor  # [E] src of each in-edge, grouped by dst
+    out_ptr: torch.Tensor  # [num_src + 1] CSR offsets
+    out_dst: torch.Tensor  # [E] dst of each out-edge, grouped by src
+    deg: torch.Tensor  # [num_dst, 1] float in-degree, at least 1 (the sum of none is 0 anyway)
+
+    @classmethod
+    def from_adj(cls, num_src: int, num_dst: int, csc: tuple, csr: tuple,
+                 device: torch.device | str = "cpu") -> "Block":
+        in_ptr, in_src, out_ptr, out_dst = (t.to(device=device, dtype=torch.int64)
+                                            for t in (*csc[:2], *csr[:2]))
+        deg = (in_ptr[1:] - in_ptr[:-1]).clamp(min=1).to(torch.float32).unsqueeze(1)
+        return cls(int(num_src), int(num_dst), in_ptr, in_src, out_ptr, out_dst, deg)
 
     @classmethod
     def from_edges(cls, src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int,
                    device: torch.device | str = "cpu") -> "Block":
-        src = src.to(device=device, dtype=torch.int64)
-        dst = dst.to(device=device, dtype=torch.int64)
-        deg = torch.bincount(dst, minlength=num_dst)[:num_dst]
-        inv = torch.where(deg > 0, 1.0 / deg.clamp(min=1), 0.0).to(torch.float32)
-        return cls(src, dst, int(num_src), int(num_dst), inv.unsqueeze(1))
+        """From COO (edge j: src[j] -> dst[j])."""
+        def grouped(key, other, n):
+            order = torch.argsort(key, stable=True)
+            ptr = torch.zeros(n + 1, dtype=torch.int64)
+            ptr[1:] = torch.cumsum(torch.bincount(key, minlength=n)[:n], 0)
+            return ptr, other[order]
+
+        src, dst = src.to(torch.int64), dst.to(torch.int64)
+        return cls.from_adj(num_src, num_dst, grouped(dst, src, num_dst), grouped(src, dst, num_src), device)
 
     @classmethod
     def from_dgl(cls, block, device: torch.device | str = "cpu") -> "Block":
-        src, dst = block.edges()  # COO in local ids: what the sampler built, no conversion
-        return cls.from_edges(src, dst, block.num_src_nodes(), block.num_dst_nodes(), device)
+        # DGL builds both formats from the sampler's COO in C (~1 ms and ~5 ms for a
+        # 10,25-fanout minibatch of 1000 seeds; its own SAGEConv builds them as well)
+        return cls.from_adj(block.num_src_nodes(), block.num_dst_nodes(),
+                            block.adj_tensors("csc"), block.adj_tensors("csr"), device)
 
 
 def as_blocks(blocks, device: torch.device | str) -> list[Block]:
@@ -46,13 +63,26 @@ def as_blocks(blocks, device: torch.device | str) -> list[Block]:
     return [b if isinstance(b, Block) else Block.from_dgl(b, device) for b in blocks]
 
 
+class _SumIn(torch.autograd.Function):
+    """out[v] = sum of h[u] over the in-edges u -> v; its gradient is the same sum over the
+    out-edges. Both are an embedding_bag over the grouped edge lists: one kernel on CUDA and a
+    vectorised loop on the CPU (index_add_ is ~3x slower than DGL there, BENCHMARKS.md)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, block: Block) -> torch.Tensor:
+        ctx.block = block
+        return F.embedding_bag(block.in_src, h, block.in_ptr, mode="sum", include_last_offset=True)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        b = ctx.block
+        return F.embedding_bag(b.out_dst, g.contiguous(), b.out_ptr, mode="sum", include_last_offset=True), None
+
+
 def mean_aggregate(block: Block, h: torch.Tensor) -> torch.Tensor:
     """Mean of each dst node's in-neighbours' rows of h ([num_src, D] -> [num_dst, D]); a dst node
-    without in-edges gets zeros (as DGL's fn.mean). index_add_ is one kernel on CUDA and on the
-    CPU, and its backward is a gather (see BENCHMARKS.md for the CPU comparison with DGL)."""
-    out = h.new_zeros((block.num_dst, h.shape[1]))
-    out.index_add_(0, block.dst, h.index_select(0, block.src))
-    return out * block.inv_deg.to(h.dtype)
+    without in-edges gets zeros (as DGL's fn.mean)."""
+    return _SumIn.apply(h, block) / block.deg.to(h.dtype)  # a division, as DGL's fn.mean
 
 
 class SAGEConv(nn.Module):
