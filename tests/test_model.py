@@ -35,6 +35,15 @@ class DGLSAGE(torch.nn.Module):
         return h
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """As a trainer (RUDDER_THREADS=1); OpenMP threads spinning on a busy host cost 10x here."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def graph():
     from rudder.data.synthetic import generate

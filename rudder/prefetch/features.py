@@ -56,7 +56,7 @@ class BufferedFeatures:
         if device is None:
             device = buffer.device if buffer is not None else "cpu"
         self.device = torch.device(device)
-        if buffer is not None and buffer.store_features and buffer.device != self.device:
+        if buffer is not None and buffer.store_features and not _same_device(buffer.device, self.device):
             raise ValueError(f"the buffer's rows are on {buffer.device}, the output on {self.device}:"
                              " they must be on the same device")
         # compact assembly on GPUs: hits stay on the device (settable, so the CPU tests run it)
@@ -147,3 +147,7 @@ class BufferedFeatures:
         if self.compact:
             self.rows_to_device += int(rows.shape[0])
         return rows.to(self.device)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)  # "cuda" is cuda:0 here
