@@ -3,8 +3,9 @@
 A run that asks for cuda and cannot have it fails with the reason (never a silent CPU run on a
 GPU allocation): `preflight` before the cluster starts (trainers on this host), `resolve` again
 in every trainer (the device the trainer really gets, e.g. on a Slurm node).
-Trainers of one node each see one GPU through CUDA_VISIBLE_DEVICES (rudder.cluster.slurm), so a
-trainer always uses cuda:0; emulated machines on a single-GPU host all share that one GPU.
+Which GPU: trainers on a Slurm node each see one GPU through CUDA_VISIBLE_DEVICES
+(rudder.cluster.slurm), so each uses its own. Emulated machines on one host (LocalCluster) see all
+its GPUs and spread over them by rank (RANK % GPUs): on a single-GPU host they share that GPU.
 """
 from __future__ import annotations
 
@@ -44,14 +45,18 @@ def why_no_cuda() -> str:
             + ("; is the driver older than this CUDA build?)" if gpus else "; no driver or no GPU)"))
 
 
-def resolve(requested: str) -> torch.device:
-    """train.device -> the torch device; DeviceError for cuda without a CUDA device."""
+def resolve(requested: str, bind: bool = False) -> torch.device:
+    """train.device -> the torch device; DeviceError for cuda without a CUDA device.
+    bind: make it this process's current CUDA device (the trainer; creates its CUDA context)."""
     if requested not in DEVICES:
         raise DeviceError(f"unknown train.device {requested!r}; valid: {', '.join(DEVICES)}")
     if requested == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
-        return torch.device("cuda", 0)  # the one GPU CUDA_VISIBLE_DEVICES gives this trainer
+        dev = torch.device("cuda", int(os.environ.get("RANK", "0")) % torch.cuda.device_count())
+        if bind:
+            torch.cuda.set_device(dev)
+        return dev
     if requested == "cuda":
         raise DeviceError(f"train.device=cuda, but {why_no_cuda()}")
     if _driver_gpus():  # auto on a GPU node with a CPU torch: allowed, but say so

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     part_config = run["part_config"]
     graph_name = json.loads(Path(part_config).read_text())["graph_name"]
     try:  # before joining the cluster: a run that asked for cuda never trains on the CPU
-        device = resolve(tc.device)
+        device = resolve(tc.device, bind=True)
     except DeviceError as exc:
         log.error("%s", exc)
         return 4

@@ -87,3 +87,10 @@ def test_trainer_asking_for_cuda_exits_before_joining(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 4, p.stderr[-2000:]
     assert "train.device=cuda, but" in p.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_emulated_machines_spread_over_the_gpus_by_rank(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    assert resolve("cuda") == torch.device("cuda", 3 % torch.cuda.device_count())
+    assert resolve("auto") == resolve("cuda")
