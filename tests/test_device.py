@@ -94,3 +94,9 @@ def test_emulated_machines_spread_over_the_gpus_by_rank(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     assert resolve("cuda") == torch.device("cuda", 3 % torch.cuda.device_count())
     assert resolve("auto") == resolve("cuda")
+
+
+def test_perlmutter_gpu_config_asks_for_cuda():
+    from rudder.config import load_yaml
+
+    assert load_yaml(ROOT / "configs" / "perlmutter" / "gpu.yaml")["train"]["device"] == "cuda"
