@@ -6,8 +6,10 @@ on the same sampled minibatch (forward, loss, backward, Adam), side by side, on 
 Each step samples one minibatch (10,25 fanouts, 1000 seeds as in the study) and gives each model
 its own copy of the blocks, holding only the sampler's COO: each model pays for the formats it
 builds (DGL's SAGEConv builds them inside its kernels; rudder.model converts the blocks to
-tensors on the device, timed apart as `convert`). The order alternates every step. Prints a
-Markdown table and writes JSON to --out.
+tensors on the device, timed apart as `convert`). The order alternates every step. Then the
+mean aggregation alone (forward + backward on the first layer's block, formats built beforehand)
+for DGL's kernel, rudder.model's embedding_bag sums and two plain-torch alternatives (index_add_,
+a torch.sparse CSR product). Prints Markdown tables and writes JSON to --out.
 """
 from __future__ import annotations
 
@@ -56,6 +58,45 @@ def coo_copy(blocks):
     return out
 
 
+def bench_aggregation(blocks, dims, device, reps=5) -> dict:
+    """Median ms of forward + backward of the first layer's mean aggregation, per method and dim."""
+    import dgl.function as fn
+
+    from rudder.model import Block, mean_aggregate
+
+    def dgl_mean(b, h):
+        with b.local_scope():
+            b.srcdata["h"] = h
+            b.update_all(fn.copy_u("h", "m"), fn.mean("m", "n"))
+            return b.dstdata["n"]
+
+    def index_add(tb, src, dst, h):
+        out = h.new_zeros((tb.num_dst, h.shape[1])).index_add_(0, dst, h.index_select(0, src))
+        return out / tb.deg
+
+    out: dict = {}
+    for dim in dims:
+        res = {"dgl": [], "rudder (embedding_bag)": [], "index_add_": [], "torch.sparse CSR": []}
+        for b in blocks:
+            tb = Block.from_dgl(b, device)
+            src, dst = (t.to(device) for t in b.edges())
+            a = torch.sparse_csr_tensor(tb.in_ptr, tb.in_src, (1.0 / tb.deg).repeat_interleave(
+                tb.in_ptr.diff()), size=(tb.num_dst, tb.num_src))
+            h = torch.randn(b.num_src_nodes(), dim, requires_grad=True)
+            hd = h.detach().to(device).requires_grad_()
+            fns = {"dgl": lambda: dgl_mean(b, h), "rudder (embedding_bag)": lambda: mean_aggregate(tb, hd),
+                   "index_add_": lambda: index_add(tb, src, dst, hd), "torch.sparse CSR": lambda: a @ hd}
+            for name, f in fns.items():
+                f().sum().backward()  # warm (DGL builds and caches its formats here)
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    f().sum().backward()
+                    synchronize(device)
+                    res[name].append(time.perf_counter() - t0)
+        out[dim] = {k: 1e3 * statistics.median(v) for k, v in res.items()}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="synth-bench", help="a synthetic preset (generated in memory)")
@@ -92,12 +133,14 @@ def main() -> None:
             "torch": torch.optim.Adam(mine.parameters(), lr=0.003)}
     times: dict[str, list[float]] = {"dgl": [], "torch": [], "convert": []}
     losses: dict[str, float] = {}
-    sizes = []
+    sizes, first_blocks = [], []
     for step in range(args.warmup + args.steps):
         seeds = train_ids[torch.randint(train_ids.numel(), (args.batch_size,))].unique()
         input_nodes, out_nodes, blocks = sampler.sample_blocks(g, seeds)
         sizes.append([(b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()) for b in blocks])
         x, y = feat[input_nodes], label[out_nodes]
+        if len(first_blocks) < 5:
+            first_blocks.append(coo_copy(blocks)[0])
         copies = {"dgl": coo_copy(blocks), "torch": coo_copy(blocks)}
         order = ("dgl", "torch") if step % 2 == 0 else ("torch", "dgl")
         for name in order:
@@ -117,7 +160,7 @@ def main() -> None:
             opt.step()
             synchronize(device)
             dt = time.perf_counter() - t0
-            losses[name] = float(loss)
+            losses[name] = loss.item()
             if step >= args.warmup:
                 times[name].append(dt)
                 if name == "torch":
@@ -138,6 +181,8 @@ def main() -> None:
         "ratio_mean": statistics.fmean(times["torch"]) / statistics.fmean(times["dgl"]),
         "final_loss": losses,
     }
+    agg_dims = sorted({args.hidden, int(feat.shape[1])})
+    res["aggregation_ms"] = bench_aggregation(first_blocks, agg_dims, device)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print(f"| model | step median (ms) | step mean (ms) | of which block conversion (median ms) |")
@@ -147,6 +192,12 @@ def main() -> None:
           f"{res['torch_convert']['median_ms']:.1f} |")
     print(f"ratio torch/DGL: median {res['ratio_median']:.2f}, mean {res['ratio_mean']:.2f}; "
           f"blocks (src, dst, edges) median {res['block_sizes_median']}; final loss {losses}")
+    names = list(next(iter(res["aggregation_ms"].values())))
+    print("\nmean aggregation, first layer, forward + backward (median ms):\n")
+    print("| dim | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for dim, r in res["aggregation_ms"].items():
+        print(f"| {dim} | " + " | ".join(f"{r[n]:.1f}" for n in names) + " |")
 
 
 def _host() -> dict:

@@ -2,8 +2,8 @@
 
 DistDGL samples on the CPU and DGL's PyPI wheels have no CUDA build, so DGL blocks never move to
 a GPU. Each block becomes a `Block` of plain tensors (its edges grouped by dst and by src, the
-src/dst counts, the dst nodes' inverse in-degrees) on the training device, and the layers
-aggregate with embedding_bag sums. `SAGEConv` is DGL's SAGEConv(aggregator_type="mean") with the same parameter
+src/dst counts, the dst nodes' in-degrees) on the training device, and the layers aggregate with
+embedding_bag sums. `SAGEConv` is DGL's SAGEConv(aggregator_type="mean") with the same parameter
 names and initialisation, so weights (state dicts) copy across in both directions.
 """
 from __future__ import annotations
@@ -65,8 +65,8 @@ def as_blocks(blocks, device: torch.device | str) -> list[Block]:
 
 class _SumIn(torch.autograd.Function):
     """out[v] = sum of h[u] over the in-edges u -> v; its gradient is the same sum over the
-    out-edges. Both are an embedding_bag over the grouped edge lists: one kernel on CUDA and a
-    vectorised loop on the CPU (index_add_ is ~3x slower than DGL there, BENCHMARKS.md)."""
+    out-edges. Both are an embedding_bag over the grouped edge lists: one kernel on CUDA, and on
+    the CPU as fast as DGL's kernels where index_add_ and torch.sparse are not (BENCHMARKS.md)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, block: Block) -> torch.Tensor:

@@ -18,11 +18,13 @@ echo "[setup] creating $VENV (first time: ~10 minutes, llama.cpp compiles)" >&2
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 $PIP install -U pip wheel setuptools
 if [ "$CUDA" = 1 ]; then
-  # PyPI's own Linux wheel of torch is the CUDA build. `===` matches the version string exactly,
-  # so a local "2.13.0+cpu" wheel (find-links, a mirror) never satisfies it.
+  # PyPI's own Linux wheel of torch is the CUDA build (2.13.0: CUDA 13.0, which needs an NVIDIA
+  # driver of the 580 series or newer). `===` matches the version string exactly, so a local
+  # "2.13.0+cpu" wheel (find-links, a mirror) never satisfies it. TORCH_INDEX_URL / TORCH_SPEC
+  # select another build (e.g. PyTorch's index for an older CUDA; untested here).
   if ! "$VENV/bin/python" -c "import sys, torch; sys.exit(torch.version.cuda is None)" 2>/dev/null; then
     $PIP uninstall -y torch >/dev/null 2>&1 || true
-    $PIP install "torch===2.13.0" --index-url "${TORCH_INDEX_URL:-https://pypi.org/simple}"
+    $PIP install "${TORCH_SPEC:-torch===2.13.0}" --index-url "${TORCH_INDEX_URL:-https://pypi.org/simple}"
   fi
   "$VENV/bin/python" -c "import torch; assert torch.version.cuda, 'torch ' + torch.__version__ + ' has no CUDA'
 print('[setup] torch', torch.__version__, 'CUDA', torch.version.cuda, '- GPU visible:', torch.cuda.is_available())" >&2
