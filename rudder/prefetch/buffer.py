@@ -13,10 +13,11 @@ Memory is bounded by the halo size H, never the graph size:
 Everything is tensor ops over whole minibatches; there is no per-node Python loop.
 
 Only the rows live on the training device: a hit is served there and never crosses PCIe; slot
-numbers go over, rows come back only as a newcomer's (from the rows pulled anyway). The index
-(every other tensor) stays on the CPU, beside the sampler and the pull that consume its answers:
-on a GPU each lookup would add a host->device copy of the ids, ~30 small kernels (the bucketed
-binary search, planning) and a device->host copy of the misses before the pull (BENCHMARKS.md).
+numbers go over, and rows only as a newcomer's (from the rows pulled anyway). The index (every
+other tensor) stays on the CPU, beside the sampler that makes the ids and the pull that needs the
+misses. On a GPU it would cost a copy of the ids in, one kernel per torch op (59 per minibatch,
+502 with a lookahead round) and a copy of the misses out before the pull: maybe faster than the
+CPU at benchmark scale, not measured yet (BENCHMARKS.md, section 8).
 """
 from __future__ import annotations
 
