@@ -3,7 +3,7 @@
 # Steps: torch CPU build (from local disk) -> pinned requirements (llama-cpp-python
 # compiled CPU-only) -> the graphbolt shim dgl 2.1.0 needs under torch 2.13 -> the project itself.
 # CUDA=1 (`make setup CUDA=1`): the CUDA build of the same torch from PyPI instead (GPU nodes;
-# ~3 GB with its nvidia-* wheels). DGL stays the CPU wheel: sampling runs on the CPU, the model
+# several GB with its CUDA wheels). DGL stays the CPU wheel: sampling runs on the CPU, the model
 # and the halo buffer's rows on the GPU (rudder/model.py, rudder/prefetch/buffer.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
