@@ -12,6 +12,8 @@ cross PCIe, the hits are written from the device-resident buffer beside them.
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -59,9 +61,13 @@ class BufferedFeatures:
         if buffer is not None and buffer.store_features and not _same_device(buffer.device, self.device):
             raise ValueError(f"the buffer's rows are on {buffer.device}, the output on {self.device}:"
                              " they must be on the same device")
-        # compact assembly on GPUs: hits stay on the device (settable, so the CPU tests run it)
-        self.compact = self.device.type != "cpu"
+        # compact assembly on GPUs: hits stay on the device (settable, so the CPU tests run it;
+        # RUDDER_COMPACT_ASSEMBLY=1 makes CPU trainers use it: the GPU path on a CPU cluster)
+        self.compact = self.device.type != "cpu" or os.environ.get("RUDDER_COMPACT_ASSEMBLY") == "1"
         self.rows_to_device = 0  # rows this wrapper copied host -> device (compact assembly)
+        logging.getLogger("rudder.features").info(
+            "feature rows assembled on %s (%s)", self.device,
+            "compact: the pull leaves buffer hits out" if self.compact else "in place of the pull")
         self.dist_feat = dist_feat
         self.owner_of = owner_of
         self.part_id = part_id
