@@ -5,8 +5,8 @@ PY := .venv/bin/python
 
 .PHONY: setup study test test-fast models slurm clean
 
-setup:
-	bash scripts/setup.sh
+setup:  # CUDA=1: the CUDA build of the pinned torch (GPU nodes); default: the CPU build
+	CUDA=$(CUDA) bash scripts/setup.sh
 
 study: setup models
 	$(PY) workflows/scaling_study.py

@@ -21,6 +21,8 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=0.25)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--ops", action="store_true", help="also count the torch ops of one step (each one "
+                    "kernel launch or more if the index lived on a GPU)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -55,6 +57,15 @@ def main() -> None:
             finish_step(buf, step, pulled)
             ts.append(time.perf_counter() - t0)
         res[name] = statistics.median(ts)
+        if args.ops:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step = begin_step(buf, mbs[0], plan, mbs[1:9])
+                buf.gather(step.hit_slots)
+                finish_step(buf, step, torch.zeros(step.pull_ids.numel(), args.dim))
+            top = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+            print(f"{name}: {len(top)} top-level torch ops per minibatch")
     print(f"halo {args.halo}, capacity {cap}, ~{mbs[0].numel()} remote ids/minibatch, dim {args.dim}, 1 thread")
     print(f"lookup: {ids_per_s / 1e6:.1f} M ids/s")
     for k, v in res.items():

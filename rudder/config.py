@@ -31,6 +31,8 @@ class TrainConfig(Strict):
     eval_every: int = Field(1, ge=0)  # epochs between validation passes; 0 = only at the end
     check_features: bool = False  # --check: compare every assembled row with a direct pull
     max_steps_per_epoch: int | None = None  # cap for quick runs and tests
+    # auto: cuda:0 when torch sees a GPU, else the CPU; cuda: fail (naming why) without one
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 # Policy names, known here without importing the registry (rudder.prefetch.policies has one

@@ -20,6 +20,12 @@ def _version(mod: str) -> str:
     return getattr(m, "__version__", "")
 
 
+def _device() -> str:
+    from rudder.device import summary
+
+    return summary()
+
+
 def _dgl_distributed() -> str:
     import dgl.distributed  # noqa: F401  (imports graphbolt: needs the shim)
 
@@ -61,6 +67,7 @@ def _root() -> str:
 
 CHECKS = [
     ("torch", lambda: _version("torch")),
+    ("device", _device),
     ("dgl", lambda: _version("dgl")),
     ("dgl.distributed", _dgl_distributed),
     ("llama_cpp + shipped model", _llama),

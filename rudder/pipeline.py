@@ -156,7 +156,7 @@ class MinibatchPipeline:
             y = self.labels[seeds]
             bad = 0
             if self.check:  # here, not in the training thread: DGL RPC stays on one thread
-                bad = int((x != self.feats.dist_feat[input_nodes]).any(dim=1).sum())
+                bad = int((x != self.feats.dist_feat[input_nodes].to(x.device)).any(dim=1).sum())
             # the window aggregates see the training thread's last compute and stall times
             rec = MinibatchRecord.of_step(epoch, step, gstep, stats, t_sample=t_sample,
                                           t_compute=self.state.last_t_compute,

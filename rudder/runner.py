@@ -68,6 +68,13 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
                     config=cfg.model_dump(mode="json"), config_hash=config_hash(cfg),
                     seeds={"train": cfg.train.seed}, started_at=started, simulated=False,
                     host=host_info(), versions={"rudder": rudder.__version__, **versions()})
+    from rudder.device import preflight
+
+    why = preflight(cfg.train.device)  # train.device=cuda without a GPU: fail before anything starts
+    if why:
+        update_run_json(run_dir, status="failed", reason=f"device: {why}", ended_at=time.time())
+        log.error("run %s failed: device: %s", run_id, why)
+        return RunResult(run_id, run_dir, False, f"device: {why}")
     try:
         info = prepare_data(cfg)
     except Exception as exc:  # bad dataset etc.: recorded, then raised for a clear CLI error
@@ -105,7 +112,8 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     threads = {rank: (ctx.get("extra") or {}).get("threads") for rank, ctx in contexts.items()}
     update_run_json(run_dir, status="complete" if ok else "failed", reason=reason or None,
                     ended_at=ended, wall_s=ended - started, contexts=contexts,
-                    threads_per_trainer=threads)
+                    threads_per_trainer=threads,
+                    devices={r: c.get("extra", {}).get("device") for r, c in contexts.items()})
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
     return RunResult(run_id, run_dir, ok, reason or "")

@@ -35,19 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     from rudder.prefetch.metrics import MetricsCollector
     from rudder.prefetch.policies import make_policy
     from rudder.records import EpochTotals, read_run
+    from rudder.device import DeviceError, synchronize
 
     run = read_run(args.run_dir)
     cfg = RunConfig.model_validate(run["config"])
     tc, pc = cfg.train, cfg.prefetch
     check = args.check or tc.check_features
 
+    try:  # before joining the cluster: a run that asked for cuda never trains on the CPU
+        device = pick_device(tc.device)
+    except DeviceError as exc:
+        log.error("%s", exc)
+        return 4
     part = join_cluster(run["part_config"], tc.seed)
-    device = pick_device()
     policy = make_policy(pc, agent=cfg.agent)
-    feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank)
+    feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
     train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc)
     model, opt = make_model(part, tc, int(run.get("num_classes") or 0), device)
-    ctx = start_policy(policy, cfg, part, feats, fill.capacity, steps_per_epoch, full_steps, args.run_dir)
+    ctx = start_policy(policy, cfg, part, feats, fill.capacity, steps_per_epoch, full_steps, args.run_dir, device)
     trace = trace_writer(args.run_dir, part, feats, fill.capacity) if pc.record_trace else None
     pipe = MinibatchPipeline(
         lambda epoch: train_loader, feats, part.labels, policy, MetricsCollector(pc.window),
@@ -70,13 +75,13 @@ def main(argv: list[str] | None = None) -> int:
             checked.add(mb)
             # compute: forward, backward (DDP all-reduce: a sync point across trainers), step
             t0 = time.perf_counter()
-            blocks = [b.to(device) for b in mb.blocks] if device.type == "cuda" else mb.blocks
             labels = mb.labels.long().to(device)
-            logits = model(blocks, mb.feats.to(device))
+            logits = model(mb.blocks, mb.feats.to(device))  # DGL blocks -> tensors on the device
             loss = F.cross_entropy(logits, labels)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            synchronize(device)  # CUDA runs ahead of the host: time the work, not its launch
             t_compute = pipe.state.last_t_compute = time.perf_counter() - t0
             correct += int((logits.argmax(1) == labels).sum())
             total += int(mb.labels.numel())
@@ -124,12 +129,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def pick_device():
-    """The one place the trainer's device is chosen."""
-    import torch
+def pick_device(wanted: str):
+    """The one place the trainer's device is chosen (train.device: auto | cpu | cuda); binds this
+    trainer's GPU (the launcher sets CUDA_VISIBLE_DEVICES). Raises DeviceError for cuda without one."""
+    from rudder.device import resolve
 
-    # One GPU per trainer on GPU nodes (the launcher sets CUDA_VISIBLE_DEVICES); else the CPU.
-    return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    return resolve(wanted, bind=True)
 
 
 @dataclass
@@ -193,7 +198,7 @@ class InitialFill:
     seconds: float = 0.0
 
 
-def feature_path(part: Partition, pc, with_buffer: bool, seed: int):
+def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
     """The halo buffer, filled (for policies that use one), behind BufferedFeatures."""
     from rudder.prefetch.buffer import HaloBuffer, choose_initial
     from rudder.prefetch.features import BufferedFeatures
@@ -205,14 +210,14 @@ def feature_path(part: Partition, pc, with_buffer: bool, seed: int):
         degrees = part.g.in_degrees(halo) if pc.init == "degree" and halo.numel() else None
         init_ids = choose_initial(halo, fill.capacity, pc.init, degrees, seed=seed)
         buffer = HaloBuffer(halo, fill.capacity, int(feat.shape[1]), alpha=pc.alpha, period=pc.period,
-                            dtype=feat.dtype)
+                            dtype=feat.dtype, device=device)
         t0 = time.perf_counter()
         buffer.fill(init_ids, feat[init_ids] if init_ids.numel() else None)
         fill.seconds = time.perf_counter() - t0
         fill.rows = int(init_ids.numel())
     owner_of = lambda ids: part.pb.nid2partid(ids)  # noqa: E731
     feats = BufferedFeatures(feat, owner_of, part.part_id, buffer,
-                             local_id=int(part.local_ids[part.inner][0]))
+                             local_id=int(part.local_ids[part.inner][0]), device=device)
     return feats, fill
 
 
@@ -240,9 +245,10 @@ def make_model(part: Partition, tc, classes: int, device):
 
 
 def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_epoch: int,
-                 full_steps: int, run_dir: Path):
+                 full_steps: int, run_dir: Path, device):
     """Sets the policy up with the run's static facts (returned) and waits until it is ready
     (the agent loads its model)."""
+    from rudder.device import describe
     from rudder.prefetch.policy import RunContext
 
     tc, pc = cfg.train, cfg.prefetch
@@ -253,7 +259,8 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=int(part.feat.shape[1]),
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead, run_dir=str(run_dir),
         extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
-               "threads": part.threads},
+               "threads": part.threads, "device": describe(device),
+               "buffer_bytes": feats.buffer.feat_bytes if feats.buffer is not None else 0},
     )
     policy.setup(ctx)
     t_ready = policy.wait_ready(cfg.agent.ready_timeout_s)  # the agent's model loading; others: 0
@@ -359,8 +366,6 @@ def evaluate(model, loader, feat, labels, device) -> float:
     correct = torch.zeros(2)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader:
-            if device.type == "cuda":
-                blocks = [b.to(device) for b in blocks]
             pred = model.module(blocks, feat[input_nodes].to(device)).argmax(1).cpu()
             correct[0] += (pred == labels[seeds]).sum()
             correct[1] += seeds.numel()

@@ -217,3 +217,20 @@ def test_properties_never_owned_never_twice_never_over(nhalo, frac, trace, mech,
         assert c.unique().numel() == c.numel()
         assert bool(torch.isin(c, halo).all()) and not bool(torch.isin(c, owned).any())
         assert step.hits + step.misses == remote.numel()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_rows_live_on_the_device_and_the_index_on_the_cpu(device):
+    halo = torch.arange(100, 140)
+    table = torch.randn(200, 6)
+    buf = HaloBuffer(halo, 8, 6, device=device)
+    assert buf.feats.device.type == device and buf.feat_bytes == 8 * 6 * 4
+    assert all(t.device.type == "cpu" for t in (buf.halo, buf.slot_of, buf.slot_pos, buf.score, buf.miss_count))
+    buf.fill(halo[:8], table[halo[:8]])  # rows pulled on the host cross once, at admission
+    step = begin_step(buf, torch.tensor([101, 150, 130, 103]), Replace("massivegnn"))
+    rows = buf.gather(step.hit_slots)  # CPU slot numbers in, device rows out
+    assert rows.device.type == device and torch.equal(rows.cpu(), table[[101, 103]])
+    buf.apply(torch.tensor([0, 1]), torch.tensor([130, 131]), table[[130, 131]])
+    assert torch.equal(buf.gather(buf.lookup(torch.tensor([131, 130]))[1]).cpu(), table[[131, 130]])
+    buf.verify()

@@ -106,10 +106,10 @@ class AgentService:
                 self._wait_ready()
                 return self
             except AgentServiceError:
-                from rudder.cluster.machine import _listen_inodes
+                from rudder.listeners import listen_inodes
 
                 # the free port was taken between choosing and binding it: choose again
-                taken = self.proc.poll() is not None and _listen_inodes(self.port)
+                taken = self.proc.poll() is not None and listen_inodes(self.port)
                 self.stop()
                 if not taken or attempt == tries:
                     raise
@@ -144,7 +144,7 @@ class AgentService:
     def ready(self) -> bool:
         """Our server answers: its own process listens on the port (not another run's server
         that took it) and /v1/models responds."""
-        from rudder.cluster.machine import listens
+        from rudder.listeners import listens
 
         if self.proc is None or not listens(self.proc.pid, self.port):
             return False

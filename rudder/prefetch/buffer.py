@@ -7,10 +7,17 @@ Memory is bounded by the halo size H, never the graph size:
                   found inside its bucket of ~1-4 entries, in O(1) expected gathers per id
   slot_of    [H]  halo position -> buffer slot (-1: not buffered)        O(1) slot lookup
   slot_pos   [C]  buffer slot -> halo position (-1: empty slot)
-  feats      [C, D] the buffered feature rows
+  feats      [C, D] the buffered feature rows, on `device` (the training device)
   score      [C]  eviction score: x(1-alpha) per minibatch, a hit skips that minibatch's decay
   miss_count [H]  times a non-buffered halo node was sampled
 Everything is tensor ops over whole minibatches; there is no per-node Python loop.
+
+Only the rows live on the training device: a hit is served there and never crosses PCIe; slot
+numbers go over, and rows only as a newcomer's (from the rows pulled anyway). The index (every
+other tensor) stays on the CPU, beside the sampler that makes the ids and the pull that needs the
+misses. On a GPU it would cost a copy of the ids in, one kernel per torch op (59 per minibatch,
+502 with a lookahead round) and a copy of the misses out before the pull: maybe faster than the
+CPU at benchmark scale, not measured yet (BENCHMARKS.md, section 8).
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ class HaloBuffer:
         period: int = 25,
         dtype: torch.dtype = torch.float32,
         store_features: bool = True,
+        device: torch.device | str = "cpu",
     ):
         self.halo = torch.unique(halo_ids.to(torch.int64))  # sorted
         H = self.halo.numel()
@@ -42,7 +50,8 @@ class HaloBuffer:
         self.slot_pos = torch.full((capacity,), -1, dtype=torch.int64)
         self.score = torch.zeros(capacity, dtype=torch.float64)
         self.miss_count = torch.zeros(H, dtype=torch.float64)
-        self.feats = torch.empty((capacity, feat_dim) if store_features else (0, 0), dtype=dtype)
+        self.feats = torch.empty((capacity, feat_dim) if store_features else (0, 0), dtype=dtype,
+                                 device=device)
         self.store_features = store_features
 
     # ---- lookup ---------------------------------------------------------------------------
@@ -86,8 +95,22 @@ class HaloBuffer:
         return is_halo, pos, slots
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
-        """Copies rows out: the caller's tensor never aliases the buffer (safe to replace later)."""
-        return self.feats.index_select(0, slots)
+        """Copies rows out, on the buffer's device: the caller's tensor never aliases the buffer
+        (safe to replace later). `slots` may be on the CPU (the index's side)."""
+        return self.feats.index_select(0, slots.to(self.feats.device))
+
+    @property
+    def device(self) -> torch.device:
+        return self.feats.device
+
+    @property
+    def feat_bytes(self) -> int:
+        """Memory of the buffered rows on their device."""
+        return self.feats.numel() * self.feats.element_size()
+
+    def _write(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
+        """Rows into slots; rows pulled on the CPU cross to the device here (newcomers only)."""
+        self.feats[slots.to(self.feats.device)] = feats.to(self.feats.device, self.feats.dtype)
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def record(self, hit_slots: torch.Tensor, missed_pos: torch.Tensor, count_misses: bool = True):
@@ -207,7 +230,7 @@ class HaloBuffer:
         self.slot_of[pos] = slots
         self.score[:k] = 1.0
         if self.store_features and feats is not None:
-            self.feats[:k] = feats.to(self.feats.dtype)
+            self._write(slots, feats)
 
     def apply(self, slots: torch.Tensor, new_ids: torch.Tensor, feats: torch.Tensor | None = None):
         """Puts new_ids into slots, with the score hand-over of the reference: the evicted node's
@@ -224,7 +247,7 @@ class HaloBuffer:
         self.slot_pos[slots] = new_pos
         self.slot_of[new_pos] = slots
         if self.store_features and feats is not None:
-            self.feats[slots] = feats.to(self.feats.dtype)
+            self._write(slots, feats)
 
     # ---- inspection -----------------------------------------------------------------------
     @property

@@ -4,9 +4,16 @@
 Local rows come from the local partition, hits from the buffer, and the misses together with
 the rows a replacement admits arrive in ONE pull (DistTensor's kvstore pull already serves the
 local part from shared memory and batches one request per remote machine).
+
+The output is on the training device (the buffer's). On the CPU each hit's id is swapped for a
+local one in the pull and its row overwritten afterwards (no second copy of the local rows). On
+a GPU ("compact" assembly) the pull leaves the hits out: only local rows, misses and newcomers
+cross PCIe, the hits are written from the device-resident buffer beside them.
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -46,7 +53,21 @@ class BufferedFeatures:
         part_id: int,
         buffer: HaloBuffer | None,
         local_id: int,  # any node this partition owns: pulled in place of a buffer hit
+        device: torch.device | str | None = None,  # where rows are assembled (default: the buffer's)
     ):
+        if device is None:
+            device = buffer.device if buffer is not None else "cpu"
+        self.device = torch.device(device)
+        if buffer is not None and buffer.store_features and not _same_device(buffer.device, self.device):
+            raise ValueError(f"the buffer's rows are on {buffer.device}, the output on {self.device}:"
+                             " they must be on the same device")
+        # compact assembly on GPUs: hits stay on the device (settable, so the CPU tests run it;
+        # RUDDER_COMPACT_ASSEMBLY=1 makes CPU trainers use it: the GPU path on a CPU cluster)
+        self.compact = self.device.type != "cpu" or os.environ.get("RUDDER_COMPACT_ASSEMBLY") == "1"
+        self.rows_to_device = 0  # rows this wrapper copied host -> device (compact assembly)
+        logging.getLogger("rudder.features").info(
+            "feature rows assembled on %s (%s)", self.device,
+            "compact: the pull leaves buffer hits out" if self.compact else "in place of the pull")
         self.dist_feat = dist_feat
         self.owner_of = owner_of
         self.part_id = part_id
@@ -74,7 +95,7 @@ class BufferedFeatures:
         st.local_rows = st.input_rows - st.remote_rows
         if self.buffer is None:  # plain DistDGL
             t1 = time.perf_counter()
-            out = self.dist_feat[input_nodes]
+            out = self._to_device(self.dist_feat[input_nodes])
             st.t_fetch = time.perf_counter() - t1
             st.misses = st.fetched_rows = st.remote_rows
             st.fetched_bytes = st.fetched_rows * self.row_bytes
@@ -83,21 +104,39 @@ class BufferedFeatures:
         t0 = time.perf_counter()
         step = begin_step(self.buffer, input_nodes[remote_idx], plan, future)
         hit_idx = remote_idx[step.hit_mask]
-        pull_ids = input_nodes.clone()
-        pull_ids[hit_idx] = self.local_id
-        pull_ids = torch.cat([pull_ids, step.extra_ids])
+        n = input_nodes.numel()
+        if self.compact:
+            keep = torch.ones(n, dtype=torch.bool)
+            keep[hit_idx] = False
+            kept_idx = torch.nonzero(keep).flatten()  # output rows that come from the pull
+            pull_ids = torch.cat([input_nodes[kept_idx], step.extra_ids])
+        else:
+            pull_ids = input_nodes.clone()
+            pull_ids[hit_idx] = self.local_id
+            pull_ids = torch.cat([pull_ids, step.extra_ids])
         t_book = time.perf_counter() - t0
 
         t1 = time.perf_counter()
         rows = self.dist_feat[pull_ids]
+        if self.compact:
+            rows = self._to_device(rows)
         st.t_fetch = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        n = input_nodes.numel()
-        out = rows[:n]
-        out.index_copy_(0, hit_idx, self.buffer.gather(step.hit_slots))
-        # rows of step.pull_ids (misses, then extras) inside `rows`, for the newcomers
-        where = torch.cat([remote_idx[~step.hit_mask], torch.arange(n, n + step.extra_ids.numel())])
+        if self.compact:
+            out = rows.new_empty((n, rows.shape[1]))
+            m = kept_idx.numel()
+            out.index_copy_(0, kept_idx.to(self.device), rows[:m])
+            out.index_copy_(0, hit_idx.to(self.device), self.buffer.gather(step.hit_slots))
+            # position of each miss inside `rows` (misses, then extras: for the newcomers)
+            pos_in_rows = torch.cumsum(keep, 0) - 1
+            where = torch.cat([pos_in_rows[remote_idx[~step.hit_mask]],
+                               torch.arange(m, m + step.extra_ids.numel())]).to(self.device)
+        else:
+            out = rows[:n]
+            out.index_copy_(0, hit_idx, self.buffer.gather(step.hit_slots))
+            # rows of step.pull_ids (misses, then extras) inside `rows`, for the newcomers
+            where = torch.cat([remote_idx[~step.hit_mask], torch.arange(n, n + step.extra_ids.numel())])
         t_apply = time.perf_counter() - t2 + finish_step(self.buffer, step, rows, where)
 
         st.hits, st.misses = step.hits, step.misses
@@ -107,3 +146,14 @@ class BufferedFeatures:
         st.fetched_bytes = st.fetched_rows * self.row_bytes
         st.t_buffer = t_book + t_apply
         return out, st
+
+    def _to_device(self, rows: torch.Tensor) -> torch.Tensor:
+        """Pulled rows (host) -> the device; counted in compact assembly, the host->device copy
+        on a GPU (a no-op when the CPU tests run compact assembly)."""
+        if self.compact:
+            self.rows_to_device += int(rows.shape[0])
+        return rows.to(self.device)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)  # "cuda" is cuda:0 here
