@@ -288,7 +288,7 @@ class DecisionMaker:
         try:
             comp = self.backend.complete(prompt.messages, prompt.schema, self.max_tokens, self.timeout_s, cancel)
         except BackendError as exc:
-            why = f"late: {exc}" if exc.kind == "timeout" else f"{exc.kind}: {exc}"
+            why = f"late: {exc.kind}: {exc}" if exc.kind == "timeout" else f"{exc.kind}: {exc}"
             return self._fallback(why, "", time.monotonic() - t0, prompt)
         except Exception as exc:  # a backend bug must not kill the agent thread
             log.exception("agent backend failed")
