@@ -183,8 +183,10 @@ class ProgressWatchdog:
         elif not self._ranks[rank0].records:
             how = f"bound {self.first_s:g} s before the first minibatch"
         else:
+            steps = self._steps_per_epoch(rank0)
+            val = steps and self._ranks[rank0].last.get("step") == steps - 1
             how = (f"bound {self.bound_s(rank0):.0f} s: max({self.floor_s:g} s, {self.factor:g} x "
-                   f"median minibatch {med:.3f} s)")
+                   f"median minibatch {med:.3f} s)" + (f" + {steps} x it for validation" if val else ""))
         parts = []
         for p, _ in silent:
             r = self._ranks[int(p["rank"])]
