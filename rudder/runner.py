@@ -288,11 +288,17 @@ def owner_info() -> dict:
             "host": socket.gethostname()}
 
 
+# The study's files: its .lock (hidden) and block.log, the log of every attempt (one header each),
+# open as this very process's stdout when the study runs it.
+KEEP_IN_PLACE = frozenset({"block.log"})
+
+
 def set_aside_attempt(run_dir: Path) -> list[dict]:
-    """Moves what earlier attempts left in run_dir to run_dir/attempts/<n>/ (hidden files such as
-    the study's .lock stay). Returns [{attempt, status, reason}] of every earlier attempt."""
+    """Moves what earlier attempts left in run_dir to run_dir/attempts/<n>/ (hidden files and
+    KEEP_IN_PLACE stay). Returns [{attempt, status, reason}] of every earlier attempt."""
     attempts = run_dir / "attempts"
-    entries = [p for p in run_dir.iterdir() if not p.name.startswith(".") and p != attempts]
+    entries = [p for p in run_dir.iterdir()
+               if not p.name.startswith(".") and p != attempts and p.name not in KEEP_IN_PLACE]
     if entries:
         n = 1 + sum(1 for p in attempts.iterdir() if p.is_dir()) if attempts.is_dir() else 1
         dest = attempts / str(n)

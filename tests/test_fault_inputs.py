@@ -359,9 +359,10 @@ def test_an_earlier_attempt_is_moved_aside(tmp_path):
     (run / "run.json").write_text(json.dumps({"status": "failed", "reason": "x"}))
     (run / "epochs-r0.jsonl").write_text('{"epoch": 0}\n')
     (run / "logs").mkdir()
+    (run / "block.log").write_text("=== attempt 1\n")  # the study's, open as our stdout
     earlier = set_aside_attempt(run)
     assert earlier == [{"attempt": 1, "status": "failed", "reason": "x"}]
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "attempts"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "attempts", "block.log"]
     assert (run / "attempts" / "1" / "epochs-r0.jsonl").exists()
     (run / "run.json").write_text(json.dumps({"status": "complete"}))
     assert [e["attempt"] for e in set_aside_attempt(run)] == [1, 2]
