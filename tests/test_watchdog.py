@@ -122,3 +122,14 @@ def test_torn_line_is_not_counted_until_complete(tmp_path, sleeper):
         f.write('ep": 3}\n')
     assert wd.check(st, now=0.4) == ""
     assert wd._ranks[0].records == 1 and wd._ranks[0].last == {"epoch": 0, "step": 3}
+
+
+def test_records_seen_all_at_once_still_give_a_reason(tmp_path, sleeper):
+    """The first look found several records at once: no minibatch time measured yet."""
+    wd = ProgressWatchdog(tmp_path, first_s=100, floor_s=30, poll_s=0)
+    st = status({0: sleeper.pid})
+    write_records(tmp_path, 0, 6)
+    wd.check(st, now=0.0)
+    reason = wd.check(st, now=31.0)
+    assert "no minibatch time measured yet" in reason and "after epoch 0 step 5" in reason
+    assert wd.check([{"procs": [{"role": "trainer", "rank": "x", "pid": 1}]}], now=99) == ""

@@ -21,11 +21,14 @@ files at most once per `poll_s`); LocalCluster does not know what a record is.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger("rudder.cluster")
 
 FLOOR_S = 60.0  # no healthy minibatch loop is silent for a minute; catches a hang within ~1 min
 FACTOR = 10.0  # x the median minibatch: a slow minibatch (GC, a busy host) is not a hang
@@ -87,6 +90,7 @@ class ProgressWatchdog:
         self._ranks: dict[int, _Rank] = {}
         self._steps: dict[int, int] = {}  # steps per epoch, from context-r<R>.json
         self._next = 0.0
+        self._broken = False
 
     @property
     def enabled(self) -> bool:
@@ -147,9 +151,19 @@ class ProgressWatchdog:
     # -- the check -------------------------------------------------------------------------------
 
     def check(self, statuses: list[dict | None], now: float | None = None) -> str:
-        """'' while every running trainer makes progress; else the reason to end the run."""
+        """'' while every running trainer makes progress; else the reason to end the run.
+        Never raises: a watchdog bug must not end (or hang) a healthy run."""
         if not self.enabled:
             return ""
+        try:
+            return self._check(statuses, now)
+        except Exception as exc:  # noqa: BLE001 (logged, the run goes on under run_timeout_s)
+            if not self._broken:
+                log.exception("progress watchdog failed (%s); run_timeout_s still applies", exc)
+                self._broken = True
+            return ""
+
+    def _check(self, statuses: list[dict | None], now: float | None) -> str:
         now = time.monotonic() if now is None else now
         if now < self._next:
             return ""
@@ -184,9 +198,10 @@ class ProgressWatchdog:
             how = f"bound {self.first_s:g} s before the first minibatch"
         else:
             steps = self._steps_per_epoch(rank0)
-            val = steps and self._ranks[rank0].last.get("step") == steps - 1
+            val = steps and med and self._ranks[rank0].last.get("step") == steps - 1
+            per = f"median minibatch {med:.3f} s" if med else "no minibatch time measured yet"
             how = (f"bound {self.bound_s(rank0):.0f} s: max({self.floor_s:g} s, {self.factor:g} x "
-                   f"median minibatch {med:.3f} s)" + (f" + {steps} x it for validation" if val else ""))
+                   f"{per})" + (f" + {steps} x it for validation" if val else ""))
         parts = []
         for p, _ in silent:
             r = self._ranks[int(p["rank"])]
