@@ -120,8 +120,11 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
             unreachable = probe_agent_url(cfg, cluster)
             if unreachable:  # no trainer would ever get an answer: fail before the first minibatch
                 raise ConfigError(unreachable)
+            net = getattr(cluster, "net", None)
+            links = {f"link of machine {m}": net.host_veth(m) for m in range(c.machines)} if net else None
             cluster.watchdog = ProgressWatchdog(run_dir, c.progress_timeout_s, first_s=first_s,
-                                                local=not isinstance(cluster, SlurmCluster))
+                                                local=not isinstance(cluster, SlurmCluster),
+                                                links=links)
             res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service)
         ok, reason = res.ok, res.reason
     except ConfigError as exc:

@@ -108,6 +108,40 @@ def test_stopped_server_ends_the_run_naming_it(tmp_path, data_root):
 
 
 @pytest.mark.timeout(400)
+def test_link_down_inside_a_namespace_ends_the_run_naming_it(tmp_path, data_root):
+    from rudder.cluster.netns import ClusterNet
+
+    bound = 20.0
+    cfg = cfg_for(tmp_path, data_root, train={"epochs": 2000},
+                  cluster={"progress_timeout_s": bound})
+    run_dir = tmp_path / "runs" / "linkdown"
+    done: dict = {}
+
+    def inject():
+        if not wait_for(lambda: len(read_jsonl(run_dir / "minibatches-r0.jsonl")) >= 5, 300):
+            return
+        from rudder.cluster.netns import state_dir
+
+        for reg in state_dir().glob("rdr*.json"):
+            net = ClusterNet.load(reg)
+            if net.owner_pid == os.getpid():
+                subprocess.run(["ip", "-n", net.namespace(1), "link", "set", net.ns_veth(1),
+                                "down"], check=True)
+                done.update(at=time.time(), veth=net.host_veth(1))
+
+    t = threading.Thread(target=inject, daemon=True)
+    t.start()
+    res = execute_run(cfg, run_id="linkdown")
+    ended = time.time()
+    t.join(5)
+    assert done, "the fault was never injected"
+    assert not res.ok and "no progress for" in res.reason, res.reason
+    assert f"links not up: link of machine 1 ({done['veth']} down)" in res.reason, res.reason
+    assert bound <= ended - done["at"] < bound + 60
+    assert not leftovers(cluster_tag(res.run_dir))
+
+
+@pytest.mark.timeout(400)
 def test_rerun_into_the_same_folder_starts_clean(tmp_path, data_root):
     cfg = cfg_for(tmp_path, data_root, train={"epochs": 1, "max_steps_per_epoch": 3})
     first = execute_run(cfg, run_id="again")

@@ -133,3 +133,13 @@ def test_records_seen_all_at_once_still_give_a_reason(tmp_path, sleeper):
     reason = wd.check(st, now=31.0)
     assert "no minibatch time measured yet" in reason and "after epoch 0 step 5" in reason
     assert wd.check([{"procs": [{"role": "trainer", "rank": "x", "pid": 1}]}], now=99) == ""
+
+
+def test_a_link_that_is_not_up_is_named(tmp_path, sleeper):
+    wd = ProgressWatchdog(tmp_path, timeout_s=5, poll_s=0,
+                          links={"link of machine 0": "lo", "link of machine 1": "rdqnonexist0"})
+    st = status({0: sleeper.pid})
+    wd.check(st, now=0.0)
+    reason = wd.check(st, now=6.0)
+    # loopback's operstate is "unknown" (not up); a missing interface is "gone"
+    assert "links not up: " in reason and "link of machine 1 (rdqnonexist0 gone)" in reason

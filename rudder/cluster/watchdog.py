@@ -6,7 +6,8 @@ silent, and only `run_timeout_s` (30 min by default) would end the run, naming n
 watchdog reads how far each trainer got from its own record file (minibatches-r<R>.jsonl, one
 flushed line per minibatch) and, when a trainer is silent for longer than its bound, gives the
 reason that ends the run: which trainers are silent and, from /proc, the state of every process
-of the cluster that is not plainly running (stopped 'T', blocked in which kernel function).
+of the cluster that is not plainly running (stopped 'T', blocked in which kernel function), and
+any machine link that is not up.
 
 The bound per trainer (seconds without a new record):
   before its first record  `first_s` (DGL connect, partition mapping, an agent's model load)
@@ -65,6 +66,15 @@ def describe_state(st: dict | None) -> str:
     return f"{name} ({st['state']})"
 
 
+def link_state(ifname: str) -> str:
+    """operstate of a host interface ("up", "down", "lowerlayerdown", ... or "gone"). The host
+    side of a machine's veth goes down with its peer inside the namespace."""
+    try:
+        return Path(f"/sys/class/net/{ifname}/operstate").read_text().strip()
+    except OSError:
+        return "gone"
+
+
 @dataclass
 class _Rank:
     path: Path
@@ -80,13 +90,14 @@ class _Rank:
 class ProgressWatchdog:
     def __init__(self, run_dir: str | Path, timeout_s: float | None = None,
                  floor_s: float = FLOOR_S, factor: float = FACTOR, first_s: float = FIRST_S,
-                 poll_s: float = POLL_S, local: bool = True):
+                 poll_s: float = POLL_S, local: bool = True, links=None):
         if timeout_s is not None and timeout_s < 0:
             raise ValueError(f"progress timeout must be >= 0 (0 = off), got {timeout_s}")
         self.run_dir = Path(run_dir)
         self.timeout_s = timeout_s
         self.floor_s, self.factor, self.first_s, self.poll_s = floor_s, factor, first_s, poll_s
         self.local = local  # the processes run on this host: /proc describes them
+        self.links = links  # {label: host-side interface} of the machines' links, checked too
         self._ranks: dict[int, _Rank] = {}
         self._steps: dict[int, int] = {}  # steps per epoch, from context-r<R>.json
         self._next = 0.0
@@ -214,6 +225,10 @@ class ProgressWatchdog:
                and self._odd(p)]
         if odd:
             text += f"; not running: {'; '.join(odd)}"
+        down = [f"{label} ({ifname} {state})" for label, ifname in (self.links or {}).items()
+                if (state := link_state(ifname)) != "up"]
+        if down:
+            text += f"; links not up: {'; '.join(down)}"
         return text
 
     def _state(self, p: dict) -> str:
