@@ -115,7 +115,8 @@ class ClusterConfig(Strict):
     # A trainer silent (no minibatch record) this long ends the run, naming the silent and stopped
     # processes (rudder.cluster.watchdog). None = derived: max(60 s, 10 x the measured median
     # minibatch time), 180 s before the first minibatch (+ agent.ready_timeout_s for the agent);
-    # 0 = off (then only run_timeout_s ends a hung run).
+    # a number fixes the bound between records (start-up keeps max(it, 180 s)); 0 = off (then only
+    # run_timeout_s ends a hung run).
     progress_timeout_s: float | None = Field(None, ge=0)
 
 

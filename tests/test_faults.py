@@ -123,7 +123,10 @@ def test_link_down_inside_a_namespace_ends_the_run_naming_it(tmp_path, data_root
         from rudder.cluster.netns import state_dir
 
         for reg in state_dir().glob("rdr*.json"):
-            net = ClusterNet.load(reg)
+            try:
+                net = ClusterNet.load(reg)
+            except (OSError, ValueError, TypeError):  # another cluster's, mid-write
+                continue
             if net.owner_pid == os.getpid():
                 subprocess.run(["ip", "-n", net.namespace(1), "link", "set", net.ns_veth(1),
                                 "down"], check=True)
@@ -134,7 +137,7 @@ def test_link_down_inside_a_namespace_ends_the_run_naming_it(tmp_path, data_root
     res = execute_run(cfg, run_id="linkdown")
     ended = time.time()
     t.join(5)
-    assert done, "the fault was never injected"
+    assert done, f"the fault was never injected ({res.reason})"
     assert not res.ok and "no progress for" in res.reason, res.reason
     assert f"links not up: link of machine 1 ({done['veth']} down)" in res.reason, res.reason
     assert bound <= ended - done["at"] < bound + 60

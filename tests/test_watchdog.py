@@ -82,9 +82,14 @@ def test_fixed_timeout_zero_off_and_finished_trainers_ignored(tmp_path, sleeper)
     off = ProgressWatchdog(tmp_path, timeout_s=0, poll_s=0)
     off.check(st, now=0.0)
     assert off.check(st, now=1e6) == ""
-    fixed = ProgressWatchdog(tmp_path, timeout_s=5, poll_s=0)
+    fixed = ProgressWatchdog(tmp_path, timeout_s=5, first_s=50, poll_s=0)
     fixed.check(st, now=0.0)
-    assert "bound 5 s" in fixed.check(st, now=6.0)
+    assert fixed.check(st, now=6.0) == ""  # start-up keeps max(5, first_s)
+    assert "bound 50 s before the first minibatch" in fixed.check(st, now=51.0)
+    write_records(tmp_path, 0, 1)
+    fixed.check(st, now=52.0)
+    assert fixed.check(st, now=56.0) == ""
+    assert "bound 5 s" in fixed.check(st, now=58.0)
     done = ProgressWatchdog(tmp_path, timeout_s=5, poll_s=0)
     done.check(status({0: sleeper.pid}, done=(0,)), now=0.0)
     assert done.check(status({0: sleeper.pid}, done=(0,)), now=60.0) == ""
@@ -100,6 +105,7 @@ def test_a_stopped_process_is_named_with_its_state(tmp_path, sleeper):
         while process_state(other.pid)["state"] != "T" and time.monotonic() < deadline:
             time.sleep(0.01)
         assert describe_state(process_state(other.pid)) == "stopped (T)"
+        write_records(tmp_path, 0, 1)
         wd = ProgressWatchdog(tmp_path, timeout_s=5, poll_s=0)
         st = status({0: sleeper.pid}, server_pid=other.pid)
         wd.check(st, now=0.0)
@@ -136,6 +142,7 @@ def test_records_seen_all_at_once_still_give_a_reason(tmp_path, sleeper):
 
 
 def test_a_link_that_is_not_up_is_named(tmp_path, sleeper):
+    write_records(tmp_path, 0, 1)
     wd = ProgressWatchdog(tmp_path, timeout_s=5, poll_s=0,
                           links={"link of machine 0": "lo", "link of machine 1": "rdqnonexist0"})
     st = status({0: sleeper.pid})

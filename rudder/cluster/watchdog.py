@@ -14,7 +14,8 @@ The bound per trainer (seconds without a new record):
   afterwards              max(floor_s, factor x the median wall time per minibatch measured so far)
                           plus, after the last minibatch of an epoch, steps_per_epoch x that
                           median (the validation pass writes no minibatch records)
-`timeout_s` > 0 fixes every bound to that many seconds; 0 turns the watchdog off.
+`timeout_s` > 0 fixes the bound between records to that many seconds (before the first record
+the bound is the larger of it and `first_s`); 0 turns the watchdog off.
 
 The cluster calls `check(statuses)` from its watch loop (about every 0.2 s; the watchdog reads
 files at most once per `poll_s`); LocalCluster does not know what a record is.
@@ -138,11 +139,11 @@ class ProgressWatchdog:
 
     def bound_s(self, rank: int) -> float:
         """Seconds trainer `rank` may stay silent now."""
+        r = self._ranks[rank]
+        if not r.records:  # start-up (imports, DGL connect, model load) is not a minibatch
+            return max(self.first_s, self.timeout_s or 0.0)
         if self.timeout_s:
             return float(self.timeout_s)
-        r = self._ranks[rank]
-        if not r.records:
-            return self.first_s
         med = self.median_s(rank) or 0.0
         bound = max(self.floor_s, self.factor * med)
         steps = self._steps_per_epoch(rank)
@@ -203,10 +204,10 @@ class ProgressWatchdog:
         quiet = max(q for _, q in silent)
         rank0 = int(silent[0][0]["rank"])
         med = self.median_s(rank0)
-        if self.timeout_s:
+        if not self._ranks[rank0].records:
+            how = f"bound {self.bound_s(rank0):g} s before the first minibatch"
+        elif self.timeout_s:
             how = f"bound {self.timeout_s:g} s"
-        elif not self._ranks[rank0].records:
-            how = f"bound {self.first_s:g} s before the first minibatch"
         else:
             steps = self._steps_per_epoch(rank0)
             val = steps and med and self._ranks[rank0].last.get("step") == steps - 1
