@@ -164,8 +164,6 @@ def format_validation_error(err: ValidationError, source: str,
         elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg += " (a section: set its keys, e.g. " + key + ".<key>=...)"
         lines.append(f"  {key}: {msg}")
-    if len(lines) == 2:  # one problem: one line
-        return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)
 
 
@@ -188,7 +186,9 @@ def parse_config(model: type[BaseModel], data: dict, source: str = "<dict>"):
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source, model)) from None
+        msg = format_validation_error(err, source, model)
+        head, *rest = msg.splitlines()
+        raise ConfigError(f"{head} {rest[0].strip()}" if len(rest) == 1 else msg) from None
 
 
 def load_run_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
