@@ -2,8 +2,9 @@
 before anything starts, naming the key; every default carries the reason it was chosen."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -13,6 +14,19 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# Run ids and dataset names become folder names under runs/ and data/: one plain name each.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def check_name(value: str, what: str = "name") -> str:
+    """`value` if it is a plain name (letters, digits, . _ + -, not starting with a dot or a
+    separator); else ValueError naming it."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or len(value) > 200:
+        raise ValueError(f"invalid {what} {value!r}: a plain name is needed (letters, digits and "
+                         "'._+-', starting with a letter or digit; no '/', no leading dot)")
+    return value
+
+
 class DatasetConfig(Strict):
     name: str = "synth-small"  # a generated preset (see `rudder data list`) or an imported name
     root: str = "data"  # datasets live in <root>/<name>/, partitions in <root>/<name>/parts/
@@ -20,9 +34,15 @@ class DatasetConfig(Strict):
     balance_train: bool = True  # equal training seeds per partition keeps DDP ranks in step
     balance_edges: bool = True
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        return check_name(v, "dataset name")
+
 
 class TrainConfig(Strict):
-    fanouts: list[int] = [10, 25]  # the reference and DGL example defaults
+    # the reference and DGL example defaults; one positive fanout per GNN layer
+    fanouts: list[Annotated[int, Field(gt=0)]] = Field([10, 25], min_length=1)
     batch_size: int = Field(1000, gt=0)  # reference default (2000 in their Slurm runs)
     hidden: int = Field(16, gt=0)  # reference default: the model is small, communication dominates
     epochs: int = Field(3, gt=0)
@@ -30,9 +50,16 @@ class TrainConfig(Strict):
     seed: int = 0
     eval_every: int = Field(1, ge=0)  # epochs between validation passes; 0 = only at the end
     check_features: bool = False  # --check: compare every assembled row with a direct pull
-    max_steps_per_epoch: int | None = None  # cap for quick runs and tests
+    max_steps_per_epoch: int | None = Field(None, gt=0)  # cap for quick runs and tests
     # auto: cuda:0 when torch sees a GPU, else the CPU; cuda: fail (naming why) without one
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @field_validator("fanouts", mode="before")
+    @classmethod
+    def _comma_list(cls, v):
+        if isinstance(v, str):  # "15,10" as well as [15, 10]
+            return [x.strip() for x in v.split(",") if x.strip()] or v
+        return v
 
 
 # Policy names, known here without importing the registry (rudder.prefetch.policies has one
@@ -111,6 +138,12 @@ class ClusterConfig(Strict):
     netns: bool | None = None  # None = use network namespaces when root, else one machine
     start_timeout_s: float = Field(120, gt=0)
     run_timeout_s: float = Field(1800, gt=0)  # the whole run is torn down past this
+    # A trainer silent (no minibatch record) this long ends the run, naming the silent and stopped
+    # processes (rudder.cluster.watchdog). None = derived: max(60 s, 10 x the measured median
+    # minibatch time), 180 s before the first minibatch (+ agent.ready_timeout_s for the agent);
+    # a number fixes the bound between records (start-up keeps max(it, 180 s)); 0 = off (then only
+    # run_timeout_s ends a hung run).
+    progress_timeout_s: float | None = Field(None, ge=0)
 
 
 class RunConfig(Strict):
@@ -132,11 +165,29 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the key."""
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def _section(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The config class that holds the key at `loc` (None when loc leaves the models)."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def format_validation_error(err: ValidationError, source: str,
+                            model: type[BaseModel] | None = None) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {key}: {e['msg']}")
+        msg = e["msg"]
+        section = _section(model, tuple(e["loc"])) if model is not None else None
+        if e["type"] == "extra_forbidden" and section is not None:
+            msg += f"; valid keys here: {', '.join(section.model_fields)}"
+        elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg += " (a section: set its keys, e.g. " + key + ".<key>=...)"
+        lines.append(f"  {key}: {msg}")
     return "\n".join(lines)
 
 
@@ -159,17 +210,34 @@ def parse_config(model: type[BaseModel], data: dict, source: str = "<dict>"):
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
+        msg = format_validation_error(err, source, model)
+        head, *rest = msg.splitlines()
+        raise ConfigError(f"{head} {rest[0].strip()}" if len(rest) == 1 else msg) from None
 
 
 def load_run_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
     data = load_yaml(path)
     data.pop("execution", None)  # the workflow's section; not part of one run
     data.pop("study", None)
-    for dotted, value in (overrides or {}).items():
+    apply_overrides(data, overrides or {})
+    return parse_config(RunConfig, data, str(path))
+
+
+def apply_overrides(data: dict, overrides: dict) -> dict:
+    """Sets each dotted key (`train.fanouts`) in the nested dict `data`; a key that would pass
+    through a value that is not a section fails naming both."""
+    for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
+        if not leaf or not all(parents):
+            raise ConfigError(f"--set {dotted}: empty key part")
+        for i, p in enumerate(parents):
+            if node.get(p) is None:
+                node[p] = {}
+            node = node[p]
+            if not isinstance(node, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigError(f"--set {dotted}: {where} is a value "
+                                  f"({type(node).__name__}), not a section with keys")
         node[leaf] = value
-    return parse_config(RunConfig, data, str(path))
+    return data

@@ -64,10 +64,9 @@ def resolve(requested: str, bind: bool = False) -> torch.device:
     return torch.device("cpu")
 
 
-def preflight(requested: str, launcher: str | None = None) -> str | None:
+def preflight(requested: str, launcher: str = "local") -> str | None:
     """Before a cluster starts: the reason a run cannot have its device, or None. Checked only
     when the trainers run on this host (the local launcher); Slurm trainers check on their node."""
-    launcher = launcher or os.environ.get("RUDDER_LAUNCHER", "local")
     if launcher != "local":
         return None
     try:

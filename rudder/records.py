@@ -16,6 +16,7 @@ columns carry the same names.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import socket
@@ -311,14 +312,20 @@ def _jsonable(x: Any):
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Reads records; a torn last line (crash mid-write) is skipped, not fatal."""
+    """Reads records; a torn last line (crash mid-write) is skipped, not fatal. A bad line
+    before the last is damage, not a crash: skipped too, but reported (logged)."""
     out = []
     if not path.exists():
         return out
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                logging.getLogger("rudder.records").warning(
+                    "%s: line %d of %d is not a JSON record (torn or corrupt): skipped",
+                    path, i + 1, len(lines))
             continue
     return out
 

@@ -1,22 +1,35 @@
 """execute_run: one training run end to end, usable without Parsl.
 
-stage dataset -> partition (reused when valid) -> runs/<id>/run.json (status running) ->
-LocalCluster (servers + per-node agent service + trainers) -> run.json status complete|failed.
+check inputs (preflight: dataset, model and classifier files, agent URL) -> stage dataset ->
+partition (reused when valid) -> runs/<id>/run.json (status running) -> LocalCluster (servers +
+per-node agent service + trainers, a progress watchdog) -> run.json status complete|failed.
 A run that fails leaves its records and the reason; it never raises past this function for a
-failure inside the cluster (the caller decides on retries).
+failure inside the cluster (the caller decides on retries); bad input raises ConfigError before
+any cluster starts.
+
+Each attempt starts clean: what an earlier attempt left in runs/<id>/ moves to
+runs/<id>/attempts/<n>/ (its records are never appended to). run.json names the process that
+owns the run (pid, start time, host): a run left `running` by a killed owner is marked
+`failed: interrupted` by the next command that meets it (`reconcile_run`).
 """
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
+import os
+import shutil
+import socket
+import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from rudder.config import RunConfig
+from rudder.config import ConfigError, RunConfig, check_name
 from rudder.records import host_info, read_jsonl, update_run_json, versions
 
 log = logging.getLogger("rudder.run")
@@ -56,25 +69,40 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
                 check: bool = False, launch=None) -> RunResult:
     """launch: how the machines start (rudder.cluster.launch.Launch or its dict; None: local)."""
     from rudder.cluster import ClusterSpec
-    from rudder.cluster.launch import make_cluster  # LocalCluster, or SlurmCluster by `launch`
+    from rudder.cluster.launch import Launch, make_cluster  # LocalCluster, or SlurmCluster by `launch`
+    from rudder.cluster.slurm import SlurmCluster
+    from rudder.cluster.watchdog import FIRST_S, ProgressWatchdog
 
     import rudder
 
-    run_id = run_id or new_run_id(cfg)
+    run_id = check_name(run_id, "run id") if run_id is not None else new_run_id(cfg)
     run_dir = Path(cfg.runs_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
+    reconcile_run(run_dir)
+    live = live_owner(run_dir)
+    if live:
+        raise ValueError(f"run {run_id} is in progress in {run_dir} (owner pid {live}); "
+                         "choose another --run-id")
+    earlier = set_aside_attempt(run_dir)
     started = time.time()
     update_run_json(run_dir, run_id=run_id, study=study, status="preparing", reason=None,
                     config=cfg.model_dump(mode="json"), config_hash=config_hash(cfg),
                     seeds={"train": cfg.train.seed}, started_at=started, simulated=False,
-                    host=host_info(), versions={"rudder": rudder.__version__, **versions()})
-    from rudder.device import preflight
+                    host=host_info(), versions={"rudder": rudder.__version__, **versions()},
+                    owner=owner_info(), attempt=len(earlier) + 1, earlier_attempts=earlier)
+    from rudder.device import preflight as device_preflight
 
-    why = preflight(cfg.train.device)  # train.device=cuda without a GPU: fail before anything starts
+    # train.device=cuda without a GPU here: fail before anything starts (Slurm trainers check on their node)
+    why = device_preflight(cfg.train.device, launcher=Launch.of(launch).type)
     if why:
         update_run_json(run_dir, status="failed", reason=f"device: {why}", ended_at=time.time())
         log.error("run %s failed: device: %s", run_id, why)
         return RunResult(run_id, run_dir, False, f"device: {why}")
+    problems = preflight(cfg)
+    if problems:  # bad input: recorded, then raised before anything starts
+        update_run_json(run_dir, status="failed", reason="input: " + "; ".join(problems),
+                        ended_at=time.time())
+        raise ConfigError("; ".join(problems))
     try:
         info = prepare_data(cfg)
     except Exception as exc:  # bad dataset etc.: recorded, then raised for a clear CLI error
@@ -96,10 +124,22 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
         trainer.append("--check")
     log.info("run %s: %s on %d machine(s) x %d trainer(s), policy %s", run_id, cfg.dataset.name,
              c.machines, c.trainers_per_machine, cfg.prefetch.policy)
+    first_s = FIRST_S + (cfg.agent.ready_timeout_s if cfg.prefetch.policy == "agent" else 0.0)
     try:
         with make_cluster(spec, run_dir, launch) as cluster:
+            unreachable = probe_agent_url(cfg, cluster)
+            if unreachable:  # no trainer would ever get an answer: fail before the first minibatch
+                raise ConfigError(unreachable)
+            net = getattr(cluster, "net", None)
+            links = {f"link of machine {m}": net.host_veth(m) for m in range(c.machines)} if net else None
+            cluster.watchdog = ProgressWatchdog(run_dir, c.progress_timeout_s, first_s=first_s,
+                                                local=not isinstance(cluster, SlurmCluster),
+                                                links=links)
             res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service)
         ok, reason = res.ok, res.reason
+    except ConfigError as exc:
+        update_run_json(run_dir, status="failed", reason=f"input: {exc}", ended_at=time.time())
+        raise
     except Exception as exc:  # cluster setup failure: recorded, never a hang
         ok, reason = False, f"cluster: {exc}"
     except BaseException:  # SIGTERM (SystemExit) / Ctrl-C: the cluster tore down; say so
@@ -142,3 +182,206 @@ def _check_outputs(run_dir: Path, trainers: int) -> tuple[bool, str]:
         if not read_jsonl(run_dir / f"epochs-r{r}.jsonl"):
             return False, f"trainer rank {r} recorded no epoch"
     return True, ""
+
+
+# -- inputs checked before a cluster starts ------------------------------------------------------
+
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def _uses_namespaces(cfg: RunConfig) -> bool:
+    """Whether the trainers will run in network namespaces (LocalCluster's choice, as root)."""
+    if os.environ.get("RUDDER_LAUNCHER", "local") == "slurm":
+        return False  # Slurm nodes: loopback is each node's own
+    net = cfg.cluster.netns
+    return bool(net) or (net is None and os.geteuid() == 0)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def agent_url(cfg: RunConfig) -> str | None:
+    """The OpenAI-compatible URL the trainers will call (agent.url, or $RUDDER_AGENT_URL)."""
+    if cfg.prefetch.policy != "agent":
+        return None
+    return os.environ.get("RUDDER_AGENT_URL") or (cfg.agent.url if cfg.agent.backend == "http" else None)
+
+
+def _url_host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"agent url {url!r} is not an http(s)://host[:port] address")
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def tcp_reachable(host: str, port: int, timeout_s: float = 3.0) -> str:
+    """'' when a TCP connection to host:port opens within timeout_s, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return ""
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def preflight(cfg: RunConfig, probe: bool = True) -> list[str]:
+    """Everything about a run's inputs that can be known before a cluster starts; each problem
+    one line naming the value and the fix. `probe`: also try the agent URL from this host."""
+    problems: list[str] = []
+    d = cfg.dataset
+    try:
+        from rudder.data.store import dataset_known
+
+        dataset_known(d.name, d.root)
+    except ValueError as exc:
+        problems.append(f"dataset.name: {exc}")
+    pol = cfg.prefetch.policy
+    if pol == "agent" and (cfg.agent.backend == "inproc" or agent_service_argv(cfg)):
+        from rudder.agent.models import ModelError, resolve_model
+
+        try:  # the trainers (inproc) or the node services (http) load this file
+            resolve_model(cfg.agent.model)
+        except ModelError as exc:
+            problems.append(f"agent.model: {exc}")
+    if pol.startswith("classifier:"):
+        from rudder.agent.classifiers import resolve_checked
+
+        try:
+            resolve_checked(pol.split(":", 1)[1])
+        except (ValueError, FileNotFoundError) as exc:
+            problems.append(f"prefetch.policy: {exc}")
+    url = agent_url(cfg)
+    if url:
+        try:
+            host, port = _url_host_port(url)
+        except ValueError as exc:
+            problems.append(f"agent.url: {exc}")
+        else:
+            if _is_loopback(host) and _uses_namespaces(cfg):
+                problems.append(
+                    f"agent.url: {url} is loopback, which inside each emulated machine's network "
+                    "namespace is that machine's own: the trainers can never reach it. Leave "
+                    "agent.url unset (one agent service per machine), or give an address of "
+                    "this host that the machines reach (the cluster bridge), or cluster.netns=false")
+            elif probe:
+                why = tcp_reachable(host, port)
+                if why:
+                    problems.append(f"agent.url: {url} unreachable from this host ({why})")
+    return problems
+
+
+def probe_agent_url(cfg: RunConfig, cluster) -> str:
+    """'' when agent.url answers a TCP connect from each machine's network; else why not. Runs
+    in each namespace (LocalCluster with namespaces) before any trainer starts."""
+    url = agent_url(cfg)
+    net = getattr(cluster, "net", None)
+    if not url or net is None:
+        return ""
+    host, port = _url_host_port(url)
+    code = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+            "timeout=3).close()\nexcept OSError as e:\n print(type(e).__name__, e); sys.exit(1)")
+    for m in range(cluster.spec.machines):
+        ns = net.namespace(m)
+        try:
+            r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-I", "-c", code, host,
+                                str(port)], capture_output=True, text=True, timeout=15)
+        except subprocess.TimeoutExpired:
+            return f"agent.url {url}: the reachability probe from machine {m} ({ns}) hung"
+        if r.returncode != 0:
+            return (f"agent.url {url} unreachable from machine {m} (namespace {ns}, address "
+                    f"{cluster.addresses[m]}): {(r.stdout or r.stderr).strip()[-300:]}")
+    return ""
+
+
+# -- attempts and owners -----------------------------------------------------------------------
+
+def owner_info() -> dict:
+    from rudder.cluster.netns import process_start_time
+
+    return {"pid": os.getpid(), "start": process_start_time(os.getpid()),
+            "host": socket.gethostname()}
+
+
+# The study's files: its .lock (hidden) and block.log, the log of every attempt (one header each),
+# open as this very process's stdout when the study runs it.
+KEEP_IN_PLACE = frozenset({"block.log"})
+
+
+def set_aside_attempt(run_dir: Path) -> list[dict]:
+    """Moves what earlier attempts left in run_dir to run_dir/attempts/<n>/ (hidden files and
+    KEEP_IN_PLACE stay). Returns [{attempt, status, reason}] of every earlier attempt."""
+    attempts = run_dir / "attempts"
+    entries = [p for p in run_dir.iterdir()
+               if not p.name.startswith(".") and p != attempts and p.name not in KEEP_IN_PLACE]
+    if entries:
+        n = 1 + sum(1 for p in attempts.iterdir() if p.is_dir()) if attempts.is_dir() else 1
+        dest = attempts / str(n)
+        dest.mkdir(parents=True)
+        for p in entries:
+            shutil.move(str(p), dest / p.name)
+        log.info("run dir %s: earlier attempt moved to %s", run_dir, dest)
+    out = []
+    for d in sorted((p for p in attempts.iterdir() if p.is_dir() and p.name.isdigit()),
+                    key=lambda p: int(p.name)) if attempts.is_dir() else []:
+        try:
+            info = json.loads((d / "run.json").read_text())
+        except (OSError, ValueError):
+            info = {}
+        out.append({"attempt": int(d.name), "status": info.get("status"),
+                    "reason": info.get("reason")})
+    return out
+
+
+def live_owner(run_dir: Path) -> int | None:
+    """The pid of a live process that owns the unfinished run in run_dir, else None."""
+    from rudder.cluster.netns import process_alive
+
+    try:
+        info = json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    owner = info.get("owner") or {}
+    if info.get("status") in ("preparing", "running") and owner.get("pid") and \
+            owner.get("host") in (None, socket.gethostname()) and \
+            process_alive(int(owner["pid"]), owner.get("start")) and owner["pid"] != os.getpid():
+        return int(owner["pid"])
+    return None
+
+
+def reconcile_run(run_dir: str | Path) -> str | None:
+    """A run.json left `preparing`/`running` by an owner that is gone (SIGKILL, a crash, a reboot)
+    becomes `failed: interrupted`, and the namespaces of clusters whose owner is gone are removed
+    (only those). Returns the new status line, or None when nothing changed."""
+    from rudder.cluster.netns import process_alive
+
+    path = Path(run_dir) / "run.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    owner = info.get("owner") or {}
+    if info.get("status") not in ("preparing", "running") or not owner.get("pid"):
+        return None
+    if owner.get("host") not in (None, socket.gethostname()):
+        return None  # another host's run: its owner cannot be checked from here
+    if process_alive(int(owner["pid"]), owner.get("start")):
+        return None
+    reason = f"interrupted (owner pid {owner['pid']} gone while {info['status']})"
+    update_run_json(Path(run_dir), status="failed", reason=reason,
+                    ended_at=info.get("ended_at") or time.time())
+    log.warning("run %s: %s", Path(run_dir).name, reason)
+    if os.geteuid() == 0:
+        from rudder.cluster.netns import cleanup_stale
+
+        try:
+            removed = cleanup_stale()
+            if removed:
+                log.info("removed what dead owners left: %s", ", ".join(removed))
+        except Exception as exc:  # cleanup is a courtesy here; the next cluster retries it
+            log.warning("stale cluster cleanup failed: %s", exc)
+    return f"failed: {reason}"

@@ -45,10 +45,14 @@ def owner_from_part_config(part_config: str, ids: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(ends, ids, right=True)
 
 
-def leftovers(prefix="rdr"):
+def leftovers(run_dir):
+    """Namespaces and links of this run's own cluster still on the host (other clusters may run
+    beside the suite: only this run's tag counts)."""
+    tag = json.loads((run_dir / "cluster" / "result.json").read_text())["cluster"]
+    assert tag, "the run used no namespaces"
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return [line for line in (ns + links).splitlines() if prefix in line]
+    return [line for line in (ns + links).splitlines() if tag in line]
 
 
 @pytest.mark.parametrize("machines", [2, 4])
@@ -71,7 +75,7 @@ def test_cluster_learns_and_counts_remote_rows(tmp_path, data_root, machines):
         mbs = read_jsonl(res.run_dir / f"minibatches-r{r}.jsonl")
         assert all(m["local_rows"] + m["remote_rows"] == m["input_rows"] for m in mbs)
         assert sum(m["remote_rows"] for m in mbs) > 0
-    assert not leftovers()
+    assert not leftovers(res.run_dir)
 
 
 def test_policies_same_accuracy_and_feature_check(tmp_path, data_root):
@@ -99,7 +103,7 @@ def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):
     run = json.loads((res.run_dir / "run.json").read_text())
     assert run["status"] == "failed" and run["reason"]
     assert "17" in run["reason"] or "exit" in run["reason"]
-    assert not leftovers()
+    assert not leftovers(res.run_dir)
     assert read_jsonl(res.run_dir / "minibatches-r0.jsonl") is not None  # records kept
 
 

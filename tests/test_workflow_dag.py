@@ -210,7 +210,10 @@ def test_dependency_failure_fails_only_its_runs(tmp_path):
 def test_cli_dry_run_and_bad_study(tmp_path):
     out = subprocess.run([PY, "workflows/scaling_study.py", "--dry-run", "--runs-dir",
                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    # the inputs are checked too: without `make models` the agent runs' model is missing
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert out.returncode == (2 if errors else 0), out.stderr
+    assert all("agent.model" in ln and "scripts/models.sh" in ln for ln in errors), out.stderr
     text = out.stdout
     assert text.count("stage_dataset ") == 1 and text.count("train_block ") == 15
     assert text.count("partition_graph ") == 3  # synth-tiny x {1, 2, 4}

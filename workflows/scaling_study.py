@@ -193,7 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         dag = StudyDAG(study, ex, runs_dir, db, report_dir, remote=remote, rerun=args.rerun)
         print(dag.describe(args.execution))
-        return 0
+        if remote:  # datasets, models and URLs are the endpoint's: not checkable from here
+            print("inputs not checked here: the runs execute on the endpoint", file=sys.stderr)
+            return 0
+        from rudder.runner import preflight
+
+        seen, bad = set(), 0
+        for run in study.runs:  # what `rudder run --dry-run` checks, once per distinct config
+            key = run.config.model_dump_json()
+            if key in seen:
+                continue
+            seen.add(key)
+            for line in preflight(run.config):
+                print(f"scaling_study: error: run {run.run_id}: {line}", file=sys.stderr)
+                bad += 1
+        return 2 if bad else 0
     if remote:
         from rudder.workflow.globus import GlobusUnavailable, check_login
 

@@ -172,6 +172,8 @@ def train_models(
         }
         path = out / f"{kind}.joblib"
         joblib.dump({"pipeline": model, "meta": meta}, path)
+        # The digest a run checks before it unpickles the file (resolve_checked).
+        meta["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
         (out / f"{kind}.json").write_text(json.dumps(meta, indent=2) + "\n")
         meta["path"] = str(path)
         results[kind] = meta
@@ -199,6 +201,42 @@ def resolve_model_path(name: str, directory: str | Path | None = None) -> Path:
         return direct
 
 
+def resolve_checked(name: str, directory: str | Path | None = None) -> Path:
+    """The model file for a configured name (`classifier:<name>`): a plain name, found in the
+    models folder (models_dir), whose sha256 matches the digest its training recorded in
+    <name>.json. A joblib file is a pickle: loading one runs code, so a run loads only these."""
+    from rudder.config import check_name
+
+    stem = name[:-len(".joblib")] if name.endswith(".joblib") else name
+    try:
+        check_name(stem, "classifier model name")
+    except ValueError as exc:
+        raise ValueError(f"{exc}; classifier models load only from {models_dir(directory)}/ "
+                         "(set $RUDDER_CLASSIFIERS_DIR to use another folder)") from None
+    base = models_dir(directory).resolve()
+    path = resolve_model_path(stem, base)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"classifier model {name!r} not found: {path} does not exist. Collect "
+            "trajectories with prefetch policy 'collect', then train it with: "
+            + TRAIN_COMMAND.format(out=base))
+    if not path.resolve().is_relative_to(base):  # a symlink out of the folder
+        raise ValueError(f"classifier model {path} points outside {base}")
+    sidecar = path.with_suffix(".json")
+    try:
+        want = json.loads(sidecar.read_text()).get("sha256")
+    except (OSError, ValueError):
+        want = None
+    if not want:
+        raise ValueError(f"classifier model {path} has no recorded sha256 in {sidecar}: retrain "
+                         "it (" + TRAIN_COMMAND.format(out=base) + ") so its digest is recorded")
+    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    if got != want:
+        raise ValueError(f"classifier model {path} has sha256 {got[:12]}..., its {sidecar.name} "
+                         f"records {want[:12]}...: altered since training; not loaded")
+    return path
+
+
 class SavedClassifier:
     """A trained pipeline with its feature names; predicts replace (1) / keep (0)."""
 
@@ -214,12 +252,15 @@ class SavedClassifier:
     def load(cls, name: str, directory: str | Path | None = None) -> "SavedClassifier":
         import joblib
 
-        path = resolve_model_path(name, directory)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"classifier model {name!r} not found: {path} does not exist. Collect "
-                "trajectories with prefetch policy 'collect', then train it with: "
-                + TRAIN_COMMAND.format(out=path.parent))
+        path = resolve_checked(name, directory)
+        return cls.load_file(path)
+
+    @classmethod
+    def load_file(cls, path: str | Path) -> "SavedClassifier":
+        """Unpickles `path` as given, unchecked: for a caller that trusts the file."""
+        import joblib
+
+        path = Path(path)
         obj = joblib.load(path)
         if not isinstance(obj, dict) or "pipeline" not in obj:
             raise ValueError(f"{path} is not a Rudder classifier file (no 'pipeline' entry)")
@@ -292,7 +333,8 @@ class ClassifierPolicy(WindowedDecisionPolicy):
             raise ValueError("policy 'classifier' needs a model name: classifier:<name>")
         super().__init__(cfg, rule=LabelRule(margin=margin, cost=cost), dataset=dataset)
         self.model_name = model_name or Path(model_path).stem  # type: ignore[arg-type]
-        self.model = SavedClassifier.load(model_path or self.model_name, models_dir)
+        self.model = (SavedClassifier.load_file(model_path) if model_path  # a caller's own file
+                      else SavedClassifier.load(self.model_name, models_dir))
         self.model_label = f"{self.model.kind}@{self.model.digest}"
         if self.model.kind == "xgboost":
             self.backend = "xgboost"

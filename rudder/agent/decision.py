@@ -5,7 +5,8 @@ Backends (the one I/O seam to the model; tests put a fake or a garbage server th
           (response_format={"type": "json_object", "schema": ...}), so the output is JSON by
           construction; greedy decoding.
   http    any OpenAI-compatible /v1/chat/completions (llama_cpp.server, the node's AgentService,
-          vLLM, Ollama) with the schema in response_format; stdlib urllib with a timeout.
+          vLLM, Ollama) with the schema in response_format; stdlib http.client under one total
+          deadline per decision (connect, send, every read), enforced from outside the call.
 
 An answer that is empty, not JSON, not valid under the Answer model, cut off
 (finish_reason != "stop"), or later than `timeout_s` never steers: the decision carries
@@ -14,16 +15,16 @@ free text by substring search.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -153,24 +154,29 @@ class HttpBackend:
         return {"type": "json_object", "schema": schema}
 
     def complete(self, messages, schema, max_tokens, timeout_s, cancel=None) -> Completion:
+        """One request under a total deadline of `timeout_s` (connect, send and every read
+        together): the exchange runs in a worker thread; this thread waits for it and, past the
+        deadline or on `cancel`, shuts the socket, which ends the worker's blocking call at once.
+        (urlopen's timeout bounds each read only: a server trickling bytes would hold it.)"""
         body = json.dumps({
             "model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
             "response_format": self._response_format(schema), "stream": False,
         }).encode()
-        req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                payload = resp.read()
-        except urllib.error.HTTPError as exc:
-            raise BackendError("http", f"HTTP {exc.code} from {self.url}") from None
-        except (TimeoutError, socket.timeout) as exc:
-            raise BackendError("timeout", f"no answer from {self.url} within {timeout_s:.1f} s") from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
-                raise BackendError("timeout", f"no answer from {self.url} within {timeout_s:.1f} s") from None
-            raise BackendError("connect", f"cannot reach {self.url}: {exc.reason}") from None
-        except (ConnectionError, OSError) as exc:
-            raise BackendError("connect", f"connection to {self.url} failed: {exc}") from None
+        deadline = time.monotonic() + timeout_s
+        call = _HttpCall(self.url, body, deadline)
+        worker = threading.Thread(target=call.run, name="agent-http", daemon=True)
+        worker.start()
+        while not call.done.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+            if cancel is not None and cancel.is_set():
+                call.abort()
+                raise BackendError("cancelled", "the run ended before the answer")
+            if time.monotonic() >= deadline:
+                call.abort()
+                raise BackendError("timeout", f"no complete answer from {self.url} within "
+                                   f"{timeout_s:.1f} s (total deadline)")
+        if call.error is not None:
+            raise call.error
+        payload = call.payload
         try:
             data = json.loads(payload)
             choice = data["choices"][0]
@@ -180,6 +186,70 @@ class HttpBackend:
 
     def close(self) -> None:
         pass
+
+
+class _HttpCall:
+    """One POST on its own connection, run by a worker thread; abort() shuts its socket."""
+
+    MAX_BYTES = 1 << 20  # an answer is a few hundred bytes; a runaway server is cut off
+
+    def __init__(self, url: str, body: bytes, deadline: float):
+        self.url, self.body, self.deadline = url, body, deadline
+        self.done = threading.Event()
+        self.payload = b""
+        self.error: BackendError | None = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._aborted = False
+
+    def _left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0 or self._aborted:
+            raise TimeoutError("deadline passed")
+        return left
+
+    def run(self) -> None:
+        parts = urlsplit(self.url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        try:
+            self._conn = conn = cls(parts.hostname, parts.port, timeout=self._left())
+            conn.request("POST", parts.path or "/", body=self.body,
+                         headers={"Content-Type": "application/json"})
+            conn.sock.settimeout(self._left())
+            resp = conn.getresponse()
+            chunks, size = [], 0
+            while True:  # each read bounded by what is left of the deadline
+                conn.sock.settimeout(self._left()) if conn.sock else None
+                chunk = resp.read1(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.MAX_BYTES:
+                    raise BackendError("bad-response", f"answer from {self.url} over {self.MAX_BYTES} bytes")
+            if resp.status != 200:
+                raise BackendError("http", f"HTTP {resp.status} from {self.url}")
+            self.payload = b"".join(chunks)
+        except BackendError as exc:
+            self.error = exc
+        except (TimeoutError, socket.timeout):
+            self.error = BackendError("timeout", f"no answer from {self.url} in time")
+        except (OSError, http.client.HTTPException) as exc:
+            kind = "timeout" if self._aborted else "connect"
+            self.error = BackendError(kind, f"connection to {self.url} failed: {exc}")
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+            self.done.set()
+
+    def abort(self) -> None:
+        self._aborted = True
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the worker's recv/send now
+            except OSError:
+                pass
 
 
 class DecisionMaker:
@@ -220,7 +290,8 @@ class DecisionMaker:
         try:
             comp = self.backend.complete(prompt.messages, prompt.schema, self.max_tokens, self.timeout_s, cancel)
         except BackendError as exc:
-            return self._fallback(f"{exc.kind}: {exc}", "", time.monotonic() - t0, prompt)
+            why = f"late: {exc.kind}: {exc}" if exc.kind == "timeout" else f"{exc.kind}: {exc}"
+            return self._fallback(why, "", time.monotonic() - t0, prompt)
         except Exception as exc:  # a backend bug must not kill the agent thread
             log.exception("agent backend failed")
             return self._fallback(f"error: {type(exc).__name__}: {exc}", "", time.monotonic() - t0, prompt)

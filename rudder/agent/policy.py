@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 INBOX_SIZE = 2  # windows waiting for the agent; older ones are dropped when it falls behind
 RECENT_WINDOWS = 3  # earlier windows shown for the hit-rate trend
+CLOSE_WAIT_S = 1.0  # close() waits this long for the agent thread, never a model's timeout
 HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentConfig.history)
 
 
@@ -157,8 +158,12 @@ class AgentPolicy(Policy):
                 break
             except queue.Full:
                 try:
-                    self._inbox.get_nowait()
+                    dropped, _ = self._inbox.get_nowait()
                     self.dropped_windows += 1
+                    self._finish(Decision(  # recorded: a window the model never saw
+                        decision=0, window=dropped.get("window"), model=self.agent_cfg.model.name,
+                        backend=self.agent_cfg.backend, fallback=self.agent_cfg.fallback,
+                        reason="dropped: the agent was still busy with an earlier window"))
                 except queue.Empty:
                     pass
 
@@ -221,7 +226,8 @@ class AgentPolicy(Policy):
         except queue.Full:
             pass
         if self._thread is not None:
-            self._thread.join(self.agent_cfg.timeout_s + 2.0)  # a call in flight ends by its timeout
+            # _stop cancels a call in flight (http: its socket is shut; inproc: after a token)
+            self._thread.join(CLOSE_WAIT_S)
             if self._thread.is_alive():
                 log.warning("agent thread still busy at close; left behind (daemon)")
             elif self._maker is not None:

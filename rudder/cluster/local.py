@@ -162,6 +162,8 @@ class LocalCluster:
         self._lock = threading.Lock()
         self._closed = False
         self.net_setup_s: float | None = None
+        # Optional: check(statuses) -> reason ("" while the run makes progress); see watchdog.py.
+        self.watchdog = None
 
     # -- network lifetime ----------------------------------------------------------------------
 
@@ -455,6 +457,10 @@ class LocalCluster:
                     log.info("all %d machine(s) started in %.1f s", n, startup_s)
                 if all(c == 0 for c in codes):
                     return "", startup_s
+                if self.watchdog is not None and startup_s is not None:
+                    stalled = self.watchdog.check(statuses)
+                    if stalled:
+                        return stalled, startup_s
                 elapsed = time.monotonic() - t0
                 # The supervisors enforce the start deadline with a precise reason; this is the
                 # backstop for one that cannot (e.g. stuck before its first status write).

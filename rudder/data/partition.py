@@ -10,7 +10,9 @@ writes beside DGL's files:
 - `manifest.json` (written last; it marks a complete partitioning): the graph checksum and the
   parameters it was made with, and per partition the owned nodes, halo nodes (nodes of the
   partition graph with inner_node == False: the remote nodes a trainer there may pull), edges
-  and edge cut. A partitioning whose manifest matches the graph and parameters is reused.
+  and edge cut, and the sha256 of every file of the partitioning. A partitioning whose manifest
+  matches the graph and parameters and whose files match their digests is reused (a file
+  verified once and unchanged since, same size and mtime, is not hashed again).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rudder.data.store import dataset_dir, file_lock, load_graph, read_meta
+from rudder.data.store import check_digest, dataset_dir, file_lock, file_sha256, load_graph, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ METHODS = ("metis", "random")
 MANIFEST = "manifest.json"
 ID_MAP = "orig_nids.pt"
 EDGE_ID_MAP = "orig_eids.pt"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: per-file sha256 ("files")
 IDS_NOTE = ("DGL reshuffles node ids: partition p owns the contiguous new-id range "
             "node_range[p]; DistGraph ndata (features, labels, masks) are indexed by these NEW "
             "ids. orig_nids.pt holds orig_nids with orig_nids[new_id] = original id (inverse: "
@@ -130,6 +132,13 @@ def read_valid_manifest(d: Path, checksum: str, params: dict[str, Any]
     missing = [str(f) for f in _expected_files(d, manifest) if not f.exists()]
     if missing:
         log.info("%s: files missing (%s): repartitioning", d, ", ".join(missing[:3]))
+        return None
+    digests = manifest.get("files") or {}
+    bad = [rel for rel in map(lambda f: str(f.relative_to(d)), _expected_files(d, manifest))
+           if not check_digest(d / rel, digests.get(rel), d)]
+    if bad:
+        log.warning("%s: %s differ from the manifest's sha256 (truncated or altered): "
+                    "repartitioning", d, ", ".join(bad[:3]))
         return None
     return manifest
 
@@ -244,6 +253,8 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": {"dgl": dgl.__version__, "torch": torch.__version__},
     }
+    manifest["files"] = {str(f.relative_to(tmp)): file_sha256(f)
+                         for f in _expected_files(tmp, manifest)}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(d, ignore_errors=True)
     os.replace(tmp, d)

@@ -1,8 +1,11 @@
 """Staged datasets on disk: `<root>/<name>/graph.dgl` (dgl.save_graphs) + `meta.json`.
 
 A dataset is staged once and reused: `meta.json` is written last (its presence marks a complete
-staging), and it records the graph's content checksum, which partitions are keyed on. Staging
-is guarded by a file lock so concurrent workflow tasks do not write the same dataset twice.
+staging), and it records the graph's content checksum, which partitions are keyed on, and the
+sha256 of graph.dgl, checked before every reuse (a truncated or altered file is not staged).
+A new staging is written into a hidden temporary folder and swapped in only when complete, so a
+failed import (or --overwrite) leaves the previous dataset as it was. Staging is guarded by a
+file lock so concurrent workflow tasks do not write the same dataset twice.
 
 Graphs always carry ndata `feat` (float32), `label` (int64; -1 = unlabeled) and
 `train_mask`/`val_mask`/`test_mask` (bool); they are symmetric and have no self loops.
@@ -15,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -42,8 +46,48 @@ def dataset_dir(name: str, root: str | os.PathLike = "data") -> Path:
 
 
 def _check_name(name: str) -> None:
-    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-        raise ValueError(f"invalid dataset name {name!r}: use a plain folder name")
+    from rudder.config import check_name
+
+    check_name(name, "dataset name")
+
+
+STAMPS = ".verified.json"  # per folder: {file: [size, mtime_ns, sha256]} of verified files
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_digest(path: Path, expected: str | None, stamps_dir: Path | None = None) -> bool:
+    """True when `path` has sha256 `expected`. A file verified before and unchanged since (same
+    size and mtime, remembered in <stamps_dir>/.verified.json) is not hashed again: big
+    partitions are reused by every run."""
+    if not expected:
+        return False
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    stamps_path = (stamps_dir or path.parent) / STAMPS
+    key = str(path.relative_to(stamps_path.parent)) if path.is_relative_to(stamps_path.parent) else str(path)
+    try:
+        stamps = json.loads(stamps_path.read_text())
+    except (OSError, ValueError):
+        stamps = {}
+    if stamps.get(key) == [st.st_size, st.st_mtime_ns, expected]:
+        return True
+    if file_sha256(path) != expected:
+        return False
+    stamps[key] = [st.st_size, st.st_mtime_ns, expected]
+    try:
+        _atomic_write_text(stamps_path, json.dumps(stamps))
+    except OSError:
+        pass  # a read-only copy: verified again next time
+    return True
 
 
 @contextlib.contextmanager
@@ -78,6 +122,11 @@ def _check_graph(g: "dgl.DGLGraph", what: str) -> None:
     missing = [k for k in REQUIRED_NDATA if k not in g.ndata]
     if missing:
         raise ValueError(f"{what}: graph lacks ndata {missing} (needs {list(REQUIRED_NDATA)})")
+    if g.num_edges() == 0:  # e.g. an edge list of self loops only (they are removed)
+        raise ValueError(f"{what}: no edges between distinct nodes ({g.num_nodes()} nodes): "
+                         "nothing to sample neighbours from")
+    if not bool(g.ndata["train_mask"].any()):
+        raise ValueError(f"{what}: no training nodes (train_mask is all false)")
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -109,6 +158,9 @@ def is_staged(name: str, root: str | os.PathLike = "data", verify: bool = False)
         return False
     if gpath.stat().st_size != meta.get("file_bytes"):
         return False
+    if meta.get("file_sha256") and not check_digest(gpath, meta["file_sha256"]):
+        log.warning("%s does not match the sha256 in its meta.json (truncated or altered)", gpath)
+        return False
     if verify:
         return graph_checksum(_load_file(gpath)) == meta.get("checksum")
     return True
@@ -125,13 +177,25 @@ def save_staged(g: "dgl.DGLGraph", name: str, root: str | os.PathLike = "data", 
     _check_graph(g, f"dataset {name!r}")
     d = dataset_dir(name, root)
     d.mkdir(parents=True, exist_ok=True)
-    (d / META_FILE).unlink(missing_ok=True)  # staging in progress: not valid until rewritten
+    # Written beside, swapped in when complete: a failure keeps the dataset that was there.
+    tmpdir = Path(root) / f".{name}.tmp{os.getpid()}"
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    tmpdir.mkdir(parents=True)
+    try:
+        return _save_into(g, name, d, tmpdir, source, seed, extra)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _save_into(g: "dgl.DGLGraph", name: str, d: Path, tmpdir: Path, source: str,
+               seed: int | None, extra: dict[str, Any] | None) -> Path:
+    import dgl
+    import torch
+
     t0 = time.perf_counter()
     checksum = graph_checksum(g)
-    gpath = d / GRAPH_FILE
-    tmp = d / f"{GRAPH_FILE}.tmp{os.getpid()}"
-    dgl.save_graphs(str(tmp), [g])
-    os.replace(tmp, gpath)
+    gpath = tmpdir / GRAPH_FILE
+    dgl.save_graphs(str(gpath), [g])
     labels = g.ndata["label"]
     labeled = labels[labels >= 0]
     meta: dict[str, Any] = {
@@ -149,14 +213,19 @@ def save_staged(g: "dgl.DGLGraph", name: str, root: str | os.PathLike = "data", 
         "seed": seed,
         "checksum": checksum,
         "file_bytes": gpath.stat().st_size,
+        "file_sha256": file_sha256(gpath),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": {"dgl": dgl.__version__, "torch": torch.__version__},
     }
     if extra:
         meta.update(extra)
-    _atomic_write_text(d / META_FILE, json.dumps(meta, indent=2) + "\n")
+    (tmpdir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    # The swap: the graph, then its meta (a reader in between sees a size/sha256 mismatch: not
+    # staged, never a graph with another graph's meta).
+    os.replace(gpath, d / GRAPH_FILE)
+    os.replace(tmpdir / META_FILE, d / META_FILE)
     log.info("staged %s: %d nodes, %d edges -> %s (%.1f s)", name, meta["nodes"], meta["edges"],
-             gpath, time.perf_counter() - t0)
+             d / GRAPH_FILE, time.perf_counter() - t0)
     return d
 
 
@@ -167,6 +236,18 @@ def _unknown(name: str, root: str | os.PathLike) -> ValueError:
         f"not staged under {Path(root)}/ (staged: {', '.join(staged) or 'none'}); real datasets "
         f"({', '.join(LOADER_NAMES)}) are staged with `rudder data load-ogb --name N --dir DIR`, "
         f"edge lists with `rudder data import`")
+
+
+def dataset_known(name: str, root: str | os.PathLike = "data") -> None:
+    """Raises ValueError (naming the fix) unless `name` is a synthetic preset or a validly staged
+    dataset under root: what a run can use, checked without staging anything."""
+    _check_name(name)
+    if name in PRESETS or is_staged(name, root):
+        return
+    if read_meta(name, root) is not None:
+        raise ValueError(f"dataset {name!r} under {Path(root)}/ is damaged (graph.dgl missing, "
+                         "truncated or altered since it was staged): import it again")
+    raise _unknown(name, root)
 
 
 def stage(name: str, root: str | os.PathLike = "data", seed: int = 0,
@@ -181,9 +262,8 @@ def stage(name: str, root: str | os.PathLike = "data", seed: int = 0,
     _check_name(name)
     d = dataset_dir(name, root)
     if spec is None and name not in PRESETS:
-        if is_staged(name, root):
-            return d
-        raise _unknown(name, root)
+        dataset_known(name, root)
+        return d
     resolved = resolve_spec(spec if spec is not None else name, seed)
     with file_lock(d / ".lock"):
         meta = read_meta(name, root)

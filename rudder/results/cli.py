@@ -73,11 +73,16 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from rudder.results.store import ResultsStore, StoreLockedError, find_run_dirs
 
     try:
-        if not find_run_dirs(args.runs_dirs):
+        run_dirs = find_run_dirs(args.runs_dirs)
+        if not run_dirs:
             return _err("collect", "no run directories (with run.json) under "
                         + ", ".join(args.runs_dirs))
     except FileNotFoundError as exc:
         return _err("collect", str(exc))
+    from rudder.runner import reconcile_run
+
+    for d in run_dirs:  # a run left `running` by a killed owner: failed, interrupted
+        reconcile_run(d)
     try:
         store = ResultsStore(args.db, lock_timeout_s=args.lock_timeout)
     except (StoreLockedError, ValueError) as exc:

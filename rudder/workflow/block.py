@@ -7,8 +7,7 @@ rudder.runner.execute_run and exits 0 when the run is complete, 1 when it failed
 config. It dies with its parent (PR_SET_PDEATHSIG), and a lock on the run directory keeps two
 attempts (e.g. an orphan of a killed study and its rerun) from running the same run at once: the
 second waits, then skips a run the first completed (unless --rerun). An attempt starts from an
-empty record set: the records of an earlier attempt (a failed one, or a complete one with
---rerun) are removed first, since the trainers append.
+empty record set: execute_run moves an earlier attempt's records to runs/<id>/attempts/<n>/.
 """
 from __future__ import annotations
 
@@ -92,10 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         if waited and not args.rerun and is_complete(run_dir, config_hash(cfg)):
             log.info("run %s: completed by the other attempt", args.run_id)
             return 0
-        removed = clear_records(run_dir)
-        if removed:
-            log.info("run %s: removed %d record file(s) of an earlier attempt", args.run_id,
-                     removed)
         from rudder.runner import execute_run
 
         try:
@@ -106,23 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("run %s %s%s", res.run_id, "complete" if res.ok else "failed",
                  f": {res.reason}" if res.reason else "")
         return 0 if res.ok else 1
-
-
-# What a run's trainers and runner write (the trainers append to the .jsonl files).
-RECORD_GLOBS = ("minibatches-r*.jsonl", "epochs-r*.jsonl", "windows-r*.jsonl",
-                "decisions-r*.jsonl", "trajectories-r*.jsonl", "trace-r*.npz", "context-r*.json",
-                "done-r*.json", "inputs-r*.pt", "oracle-r*.json")
-
-
-def clear_records(run_dir: Path) -> int:
-    """Removes an earlier attempt's records (run.json is rewritten by the runner); returns how
-    many files went."""
-    n = 0
-    for pattern in RECORD_GLOBS:
-        for path in run_dir.glob(pattern):
-            path.unlink(missing_ok=True)
-            n += 1
-    return n
 
 
 if __name__ == "__main__":
