@@ -219,17 +219,31 @@ def test_collect_every_k_windows(tmp_path):
     assert [d["window"] for d in pol.decisions()] == list(range(2, 30, 3))
 
 
-def test_registry_wiring_for_collect(monkeypatch):
-    """The line the lead adds to rudder.prefetch.policies.REGISTRY, exercised here."""
+def test_registry_wiring_for_collect():
+    """The real rudder.prefetch.policies.REGISTRY entry (not a patched one)."""
     from rudder.prefetch import policies
 
-    monkeypatch.setitem(policies.REGISTRY, "collect",
-                        policies._lazy("rudder.agent.trajectories", "TrajectoryPolicy"))
     pol = policies.make_policy(PrefetchConfig(policy="collect:2"), agent=None)
     assert isinstance(pol, TrajectoryPolicy) and pol.decide_every == 2
     assert policies.make_policy(PrefetchConfig(policy="collect")).decide_every == 1
     with pytest.raises(ValueError, match="collect:2"):
         policies.make_policy(PrefetchConfig(policy="collect:often"))
+
+
+def test_every_registry_name_builds_its_own_class(trained):
+    """Each name in the real REGISTRY makes the class that carries that name (nothing patched)."""
+    from rudder.agent.policy import AgentPolicy
+    from rudder.prefetch import policies as P
+
+    out, _ = trained
+    expect = {"none": P.NoBufferPolicy, "static": P.StaticPolicy, "fixed": P.FixedPeriodPolicy,
+              "lookahead": P.LookaheadPolicy, "agent": AgentPolicy,
+              "classifier:logreg": C.ClassifierPolicy, "collect": TrajectoryPolicy}
+    assert {n.split(":")[0] for n in expect} == set(P.REGISTRY)
+    for name, cls in expect.items():
+        pol = P.make_policy(PrefetchConfig(policy=name), models_dir=str(out))
+        assert type(pol) is cls, (name, type(pol))
+        assert pol.name == name.split(":")[0]
 
 
 def test_load_only_replace_decisions(tmp_path):

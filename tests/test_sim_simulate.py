@@ -166,7 +166,8 @@ def test_records_windows_and_run_dir(tmp_path, trace):
 
 
 def test_results_store_ingests_a_simulated_run(tmp_path, trace):
-    store_mod = pytest.importorskip("rudder.results.store")
+    from rudder.results import store as store_mod
+
     d = write_sim_run(tmp_path / "runs", [simulate(trace, "belady")], {"name": "src", "path": "x"})
     with store_mod.ResultsStore(tmp_path / "r.duckdb") as st:
         st.ingest_run(d)
