@@ -136,4 +136,15 @@ def test_registered_in_the_rudder_console_script(study, capsys):
     assert main(["query", "--named", "hit_rate", "--db", str(db), "--csv"]) == 0
     df = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert set(df.policy) == {"none", "static", "agent"}
-    assert json.loads(json.dumps(df.hit_pct.tolist()))  # plain numbers
+    # recomputed from the run directories: per run buffer hits / remote rows, averaged per policy
+    per_run: dict[str, list[float]] = {}
+    for d in root.iterdir():
+        meta = json.loads((d / "run.json").read_text())
+        if meta["status"] != "complete":
+            continue
+        eps = [json.loads(x) for f in d.glob("epochs-r*.jsonl") for x in f.read_text().splitlines()]
+        pct = 100.0 * sum(e["hits"] for e in eps) / sum(e["remote_rows"] for e in eps)
+        per_run.setdefault(meta["config"]["prefetch"]["policy"], []).append(pct)
+    got = dict(zip(df.policy, df.hit_pct))
+    assert got == pytest.approx({p: sum(v) / len(v) for p, v in per_run.items()})
+    assert got["none"] == 0 and got["static"] > 0
