@@ -35,4 +35,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, parse_overrides(args.set))
     res = execute_run(cfg, run_id=args.run_id, check=args.check)
     print(f"{'complete' if res.ok else 'FAILED'}: {res.run_dir}" + (f" ({res.reason})" if res.reason else ""))
+    if res.ok:
+        from rudder.run_summary import format_summary, summarize_run
+
+        print(format_summary(summarize_run(res.run_dir)))
     return 0 if res.ok else 1
