@@ -148,3 +148,18 @@ def test_registered_in_the_rudder_console_script(study, capsys):
     got = dict(zip(df.policy, df.hit_pct))
     assert got == pytest.approx({p: sum(v) / len(v) for p, v in per_run.items()})
     assert got["none"] == 0 and got["static"] > 0
+
+
+def test_csv_into_a_closed_pipe_is_quiet(study):
+    """`rudder query --csv | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, db = study
+    assert cli(["collect", str(root), "--db", str(db)]) == 0
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    p = subprocess.run(f"{sys.executable} -m rudder.cli query 'SELECT range AS n FROM range(300000)' --db {db} --csv | head -1",
+                       shell=True, capture_output=True, text=True, env=env, timeout=300)
+    assert p.stdout == "n\n" and "Error" not in p.stderr, p.stderr

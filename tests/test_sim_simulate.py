@@ -197,3 +197,17 @@ def test_sim_cli(tmp_path, trace, capsys):
     traces, source = load_source(src)
     assert list(traces) == [0] and source["run_id"] == "r1"
     assert main(["sim", str(src), "-p", "nope", "--no-write"]) == 2
+
+
+def test_sim_cli_shows_what_caches_evict(tmp_path, trace, capsys):
+    from rudder.cli import build_parser, main
+
+    src = tmp_path / "run"
+    trace.save(src / "trace-r0.npz")
+    (src / "run.json").write_text(json.dumps({"run_id": "r1", "config": {}}))
+    assert main(["sim", str(src), "-p", "lru", "--no-write"]) == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    cells = dict(zip(header.replace("fetched% of none", "fetched%").split(), row.split()))
+    assert int(cells["admitted"]) == simulate(trace, "lru").summary()["evictions"] > 0
+    sim_help = build_parser()._subparsers._group_actions[0].choices["sim"].format_help()
+    assert "rudder collect" in sim_help and "results collect" not in sim_help
