@@ -45,10 +45,24 @@ def per_rank(run_dir: Path, stem: str) -> dict[int, list[dict]]:
 
 
 # ---- the README's run, replayed ----------------------------------------------------------------
+def readme_line(sub: str) -> list[str]:
+    """The README's `rudder <sub> ...` line (everyday use), as argv after `rudder`."""
+    from test_readme import RUDDER
+
+    (argv,) = [a[1:] for a in RUDDER if a[1] == sub]
+    return argv
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
+    """The README's run line, shortened to one epoch and pointed at a temporary runs dir."""
     runs = tmp_path_factory.mktemp("runs")
-    return run(runs, "prefetch.policy=lookahead", "train.epochs=1", check=True)
+    argv = readme_line("run") + ["--set", "train.epochs=1", "--set", f"runs_dir={runs}"]
+    assert argv[:3] == ["run", "--config", "configs/baseline.yaml"] and "--check" in argv
+    p = rudder(*argv)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    line = next(x for x in p.stdout.splitlines() if x.startswith("complete: "))
+    return Path(line.split(": ", 1)[1]), p.stdout
 
 
 def test_baseline_run_completes_checked_and_summarised(baseline):
@@ -80,9 +94,20 @@ def test_sim_replays_the_run_to_its_recorded_hits(baseline):
         assert bel[rank]["hits"] >= sim[rank]["hits"]  # demand admission: Belady bounds it
 
 
+def test_readme_sim_line_on_the_run(baseline, tmp_path):
+    run_dir, _ = baseline
+    argv = [a.replace("runs/<run-id>", str(run_dir)) for a in readme_line("sim")]
+    p = rudder(*argv, "--runs-dir", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    for pol in ("static", "fixed:10", "fixed:25", "lookahead:3:0.1", "lookahead:8:0.1", "lru", "belady"):
+        assert f"\n{pol} " in p.stdout, pol
+    assert len(list(tmp_path.iterdir())) == 7  # one simulated run per policy, for `rudder collect`
+
+
 def test_oracle_on_the_run(baseline):
     run_dir, out = baseline
-    p = rudder("oracle", str(run_dir))
+    argv = [a.replace("runs/<run-id>", str(run_dir)) for a in readme_line("oracle")]
+    p = rudder(*argv)
     assert p.returncode == 0, p.stderr
     oracle = {r: json.loads((run_dir / f"oracle-r{r}.json").read_text()) for r in (0, 1)}
     hits = sum(o["belady"]["hits"] if "belady" in o else o["hits"] for o in oracle.values())
@@ -106,7 +131,8 @@ def test_collect_with_admit_any_in_a_real_trainer(collected):
     run_dir, out = collected
     traj = [t for p in sorted(run_dir.glob("trajectories-r*.jsonl")) for t in read_jsonl(p)]
     decisions = [d for recs in per_rank(run_dir, "decisions").values() for d in recs]
-    assert traj and len(traj) == len(decisions)
+    # one trajectory per decision whose outcome window closed (each rank's last one may not)
+    assert traj and len(decisions) - 2 <= len(traj) <= len(decisions)
     assert {d["policy"] for d in decisions} == {"collect"}
     assert {d["replace"] for d in decisions} == {True, False}  # random replace/skip
     # admit=any pulls rows ahead of use: some minibatch fetched more than it missed
