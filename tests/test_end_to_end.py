@@ -164,7 +164,7 @@ def test_agent_over_the_per_machine_http_service(tmp_path):
     run_dir, out = run(tmp_path / "runs", "prefetch.policy=agent", "agent.backend=http",
                        "agent.model.name=smollm2-135m", "agent.prompt=zero-shot", "agent.timeout_s=60",
                        "train.epochs=30", "train.batch_size=200", "train.eval_every=0",
-                       "prefetch.window=4")
+                       "prefetch.window=4", "cluster.start_timeout_s=300")  # 2 servers load on 2 cores
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
     assert any("agent" in n or "service" in n for n in logs), logs  # the services' own logs
     decisions = [d for recs in per_rank(run_dir, "decisions").values() for d in recs]
