@@ -40,6 +40,8 @@ def fill(argv: list[str], run_dir: str = "runs/x") -> list[str]:
 
 
 RUDDER = [a for a in command_lines() if Path(a[0]).name == "rudder"]
+# full commands quoted in the prose (`.venv/bin/rudder ...`)
+INLINE = [shlex.split(c) for c in re.findall(r"`(\.venv/bin/rudder [^`]+)`", README)]
 
 
 def test_the_readme_shows_commands():
@@ -47,7 +49,7 @@ def test_the_readme_shows_commands():
     assert {"doctor", "data", "run", "oracle", "sim", "agent", "collect", "query", "report", "export"} <= names
 
 
-@pytest.mark.parametrize("argv", RUDDER, ids=[" ".join(a[1:3]) for a in RUDDER])
+@pytest.mark.parametrize("argv", RUDDER + INLINE, ids=[" ".join(a[1:3]) for a in RUDDER + INLINE])
 def test_every_rudder_line_parses(argv):
     args = build_parser().parse_args(fill(argv[1:]))  # argparse exits 2 on a name that is gone
     assert getattr(args, "func", None) is not None
