@@ -11,8 +11,11 @@ setup:  # CUDA=1: the CUDA build of the pinned torch (GPU nodes); default: the C
 study: setup models
 	$(PY) workflows/scaling_study.py
 
+# As root (CI) a failed Slurm install fails `make test`, and tests/conftest.py turns a skipped
+# cluster/netns/Slurm test into a failure; without root those tests skip.
 test: setup
-	bash scripts/install_slurm.sh || echo "slurm-wlm not installed: the Slurm tests will skip"
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/install_slurm.sh; \
+	else bash scripts/install_slurm.sh || echo "slurm-wlm not installed: the Slurm tests will skip (not root)"; fi
 	$(PY) -m pytest -q -ra
 
 test-fast: setup

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 # (module, purpose) — a module listed here must define register(subparsers).
@@ -53,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`rudder query --csv | head`): not an error; no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, FileNotFoundError, KeyError) as exc:
         # Bad input: one clear line, no traceback (use -v for it).
         if args.verbose:

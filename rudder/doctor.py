@@ -7,6 +7,9 @@ import shutil
 import subprocess
 
 
+STUDY_MODEL = "qwen2.5-coder-0.5b"
+
+
 def _check(name: str, fn) -> tuple[str, bool, str]:
     try:
         detail = fn()
@@ -42,6 +45,13 @@ def _llama() -> str:
     return f"llama_cpp {llama_cpp.__version__}, smollm2-135m at {path}"
 
 
+def _study_model() -> str:
+    """The study's agent model (configs/studies/local_default.yaml); `make models` assembles it."""
+    from rudder.agent.models import resolve
+
+    return str(resolve(STUDY_MODEL))
+
+
 def _netns() -> str:
     from rudder.cluster import netns_available
 
@@ -55,8 +65,11 @@ def _slurm() -> str:
     missing = [b for b in ("slurmctld", "slurmd", "sbatch", "srun", "squeue") if not shutil.which(b)]
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)} (scripts/install_slurm.sh installs slurm-wlm)")
-    out = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=10)
-    return (out.stdout or out.stderr).strip()
+    # slurmd -V needs no slurm.conf (sbatch --version looks one up and prints "fatal" lines)
+    out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, timeout=10)
+    if out.returncode != 0:
+        raise RuntimeError(f"slurmd -V exited {out.returncode}: {(out.stderr or out.stdout).strip()}")
+    return out.stdout.strip()
 
 
 def _root() -> str:
@@ -71,6 +84,7 @@ CHECKS = [
     ("dgl", lambda: _version("dgl")),
     ("dgl.distributed", _dgl_distributed),
     ("llama_cpp + shipped model", _llama),
+    (f"study model {STUDY_MODEL}", _study_model),
     ("parsl", lambda: _version("parsl")),
     ("duckdb", lambda: _version("duckdb")),
     ("globus_compute_sdk", lambda: _version("globus_compute_sdk")),

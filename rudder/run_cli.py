@@ -46,6 +46,10 @@ def _run(args: argparse.Namespace) -> int:
         return dry_run(cfg, args.run_id)
     res = execute_run(cfg, run_id=args.run_id, check=args.check)
     print(f"{'complete' if res.ok else 'FAILED'}: {res.run_dir}" + (f" ({res.reason})" if res.reason else ""))
+    if res.ok:
+        from rudder.run_summary import format_summary, summarize_run
+
+        print(format_summary(summarize_run(res.run_dir)))
     return 0 if res.ok else 1
 
 

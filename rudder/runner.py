@@ -75,6 +75,8 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
 
     import rudder
 
+    if check and not cfg.train.check_features:  # run.json then records what the run did
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"check_features": True})})
     run_id = check_name(run_id, "run id") if run_id is not None else new_run_id(cfg)
     run_dir = Path(cfg.runs_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +149,11 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
         raise
     if ok:
         ok, reason = _check_outputs(run_dir, c.machines * c.trainers_per_machine)
+    if cfg.train.check_features:
+        done = [json.loads(p.read_text()) for p in sorted(run_dir.glob("done-r*.json"))]
+        update_run_json(run_dir, feature_check={
+            "ranks_checked": sum(1 for d in done if d.get("checked")),
+            "mismatched_rows": sum(d.get("mismatched_rows") or 0 for d in done)})
     contexts = {p.stem.split("-r")[-1]: json.loads(p.read_text()) for p in run_dir.glob("context-r*.json")}
     ended = time.time()
     threads = {rank: (ctx.get("extra") or {}).get("threads") for rank, ctx in contexts.items()}

@@ -155,6 +155,7 @@ def smollm():
     b.close()
 
 
+@pytest.mark.slow  # loads SmolLM2
 @pytest.mark.parametrize("reason_first", [True, False])
 def test_inproc_smollm2_answers_under_schema(smollm, reason_first):
     m = DecisionMaker(smollm, "smollm2-135m", timeout_s=300)
@@ -166,6 +167,7 @@ def test_inproc_smollm2_answers_under_schema(smollm, reason_first):
     assert d.backend == "inproc" and d.prompt_hash == "short" and d.latency_s > 0
 
 
+@pytest.mark.slow  # loads SmolLM2
 def test_inproc_smollm2_real_prompt(smollm):
     p = prompt("reason-first")
     d = DecisionMaker(smollm, "smollm2-135m", timeout_s=300).decide(p)
@@ -173,6 +175,7 @@ def test_inproc_smollm2_real_prompt(smollm):
     assert d.prompt_hash == p.hash and set(d.to_record()) == set(DECISION_FIELDS)
 
 
+@pytest.mark.slow  # loads SmolLM2
 def test_inproc_truncated_and_late_fall_back(smollm):
     cut = DecisionMaker(smollm, "smollm2-135m", max_tokens=6, timeout_s=300).decide(short_prompt())
     assert cut.fallback == "static" and "finish_reason=length" in cut.reason and cut.raw
@@ -180,6 +183,7 @@ def test_inproc_truncated_and_late_fall_back(smollm):
     assert late.fallback == "static" and "late" in late.reason
 
 
+@pytest.mark.slow  # loads SmolLM2
 def test_inproc_cancelled_answer_says_so(smollm):
     """close() cancels an answer in flight: recorded as cancelled, not as a timeout."""
     stop = threading.Event()
@@ -188,6 +192,7 @@ def test_inproc_cancelled_answer_says_so(smollm):
     assert d.fallback == "static" and d.reason.startswith("fallback: cancelled: the run ended")
 
 
+@pytest.mark.slow  # loads SmolLM2
 def test_inproc_close_twice_is_safe():
     b = InprocBackend(resolve("smollm2-135m"), threads=1)
     b.close()

@@ -58,6 +58,45 @@ def test_evaluate_scores_accuracy_and_latency():
     assert percentile([1, 2, 3, 4], 0.5) == 2.5 and percentile([], 0.5) is None
 
 
+class KeepBackend(RuleBackend):
+    """Always keep: the constant answer the majority baseline stands for."""
+
+    def complete(self, messages, schema, max_tokens, timeout_s, cancel=None):
+        return Completion(json.dumps({"reason": "keep" + conclusion(False), "replace": False, "budget": "small",
+                                      "expected": {"hit_rate": "flat", "remote_rows": "flat"}}), "stop")
+
+
+def test_majority_baseline_is_what_a_constant_answer_scores():
+    seen = []
+    windows = load_windows(STARTER)[:9]  # 4 replace, 5 keep? counted below, not assumed
+    res = evaluate(DecisionMaker(KeepBackend(), "keep"), windows, "default",
+                   progress=lambda r, total: seen.append((r.n, total)))
+    keep = sum(not w["label_replace"] for w in windows) / len(windows)
+    label, share = res.majority
+    assert share == max(keep, 1 - keep) and label == ("keep" if keep > 0.5 else "replace")
+    if keep > 0.5:
+        assert res.accuracy == share  # always keep scores exactly the keep baseline
+    s = res.summary()
+    assert (s["majority"], s["majority_answer"], s["replace_share"]) == (round(share, 3), label, 0.0)
+    assert seen == [(i, 9) for i in range(1, 10)]  # progress after every window
+
+
+@pytest.mark.slow  # loads SmolLM2
+def test_eval_cli_in_process_with_smollm2(capsys):
+    """`rudder agent eval` as a newcomer runs it (README), on two windows."""
+    from rudder.cli import main
+
+    assert main(["agent", "eval", "--model", "smollm2-135m", "--limit", "2", "--threads", "2",
+                 "--timeout", "300"]) == 0
+    out, err = capsys.readouterr()
+    header, row = out.splitlines()[:2]
+    cells = dict(zip(header.split(), row.split()))
+    assert cells["model"] == "smollm2-135m" and cells["backend"] == "inproc" and cells["n"] == "2"
+    assert 0.0 <= float(cells["accuracy"]) <= 1.0 and cells["fallbacks"] == "0"
+    assert cells["majority_answer"] in ("keep", "replace") and float(cells["majority"]) >= 0.5
+    assert "smollm2-135m / default: 2/2 windows" in err  # progress on stderr
+
+
 class OkHandler(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass

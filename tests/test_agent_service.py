@@ -44,6 +44,7 @@ def service(tmp_path_factory):
         assert _gone(pid)
 
 
+@pytest.mark.slow  # serves SmolLM2
 @pytest.mark.parametrize("reason_first", [True, False])
 def test_http_decision_through_real_server(service, reason_first):
     m = DecisionMaker(HttpBackend(service.url, model="smollm2-135m"), "smollm2-135m", timeout_s=300)
@@ -54,6 +55,7 @@ def test_http_decision_through_real_server(service, reason_first):
     assert d.backend == "http"
 
 
+@pytest.mark.slow  # serves SmolLM2
 def test_policy_uses_node_service_from_env(service, monkeypatch):
     from rudder.agent.policy import AgentPolicy
     from rudder.config import AgentConfig, PrefetchConfig
@@ -85,6 +87,7 @@ def test_policy_uses_node_service_from_env(service, monkeypatch):
         assert r is not None and r.mechanism == "massivegnn" and r.source == "agent#1"
 
 
+@pytest.mark.slow  # serves SmolLM2
 def test_service_entry_point_ready_and_stops_on_sigterm(tmp_path):
     port = free_port()
     ready = tmp_path / "ready" / "service0.0"

@@ -234,3 +234,42 @@ def test_rows_live_on_the_device_and_the_index_on_the_cpu(device):
     buf.apply(torch.tensor([0, 1]), torch.tensor([130, 131]), table[[130, 131]])
     assert torch.equal(buf.gather(buf.lookup(torch.tensor([131, 130]))[1]).cpu(), table[[131, 130]])
     buf.verify()
+
+
+def test_a_score_exactly_at_the_threshold_is_not_stale():
+    # alpha 0.5, period 2: threshold 0.25 exactly, and two unhit minibatches take a score from
+    # 1 to exactly 0.25. Stale means strictly below: the windows table and the agent's prompt
+    # (stale_count) must agree with the slots a replacement round takes (stale_slots).
+    buf = HaloBuffer(torch.arange(10), 3, 0, alpha=0.5, period=2, store_features=False)
+    buf.fill(torch.tensor([0, 1, 2]))
+    finish_step(buf, begin_step(buf, torch.tensor([0, 2]), None))
+    finish_step(buf, begin_step(buf, torch.tensor([0]), None))
+    assert buf.score[int(buf.slot_of[1])] == buf.threshold == 0.25  # at, not below
+    assert buf.score[int(buf.slot_of[2])] == 0.5
+    assert buf.stale_count() == 0 and buf.stale_slots().numel() == 0
+    finish_step(buf, begin_step(buf, torch.tensor([0]), None))  # 0.125 and 0.25
+    assert buf.stale_count() == 1 and buf.stale_slots().tolist() == [int(buf.slot_of[1])]
+
+
+def test_lookahead_evicts_the_lowest_score_among_slots_unused_in_the_window():
+    buf = HaloBuffer(torch.arange(10), 2, 0, alpha=0.5, period=2, store_features=False)
+    buf.fill(torch.tensor([0, 1]))
+    finish_step(buf, begin_step(buf, torch.tensor([1]), None))  # 1 hit: score 1; 0 decays to 0.5
+    assert buf.score[int(buf.slot_of[0])] < buf.score[int(buf.slot_of[1])]
+    # neither 0 nor 1 is used in the window (a tie on next use): history decides, 0 goes
+    step = begin_step(buf, torch.tensor([9]), Replace("lookahead", 1, admit="any"), [torch.tensor([5])])
+    finish_step(buf, step)
+    assert sorted(buf.contents().tolist()) == [1, 5]
+
+
+@pytest.mark.parametrize("admit", ["misses", "any"])
+def test_lookahead_never_swaps_for_an_equally_soon_use(admit):
+    # "sooner only": a newcomer used as soon as the resident it would replace gains nothing,
+    # and under admit=any the swap would pull an extra row for nothing
+    buf = HaloBuffer(torch.arange(10), 1, 0, store_features=False)
+    buf.fill(torch.tensor([0]))
+    now = torch.tensor([5]) if admit == "misses" else torch.tensor([], dtype=torch.int64)
+    step = begin_step(buf, now, Replace("lookahead", None, admit=admit), [torch.tensor([0, 5])])
+    finish_step(buf, step)
+    assert step.newcomers.numel() == 0 and step.extra_ids.numel() == 0
+    assert buf.contents().tolist() == [0]

@@ -187,7 +187,8 @@ def test_one_machine_on_loopback(parts1, tmp_path):
 
 def test_netns_available_reports_why():
     ok, why = netns_available()
-    assert ok == ROOT or why
+    assert ok == ROOT, why  # as root a real run gets namespaces; without root it never does
+    assert why and (ok or "root" in why or ROOT)
 
 
 @pytest.mark.timeout(300)

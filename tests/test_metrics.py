@@ -38,3 +38,10 @@ def test_buffer_state_counts_what_the_known_future_lacks():
     s = buffer_state(buf, [torch.tensor([1, 5, 50]), torch.tensor([2, 5, 6])])
     assert s == {"buffer_fill": 3, "stale_slots": 0, "lookahead_missing": 2, "lookahead_rows": 2}
     assert buffer_state(None, []) == {}
+
+
+def test_lookahead_rows_are_capped_at_the_capacity():
+    buf = HaloBuffer(torch.arange(10), 2, 0, store_features=False)
+    buf.fill(torch.tensor([0, 1]))
+    s = buffer_state(buf, [torch.tensor([5, 6]), torch.tensor([7, 0])])
+    assert s["lookahead_missing"] == 3 and s["lookahead_rows"] == 2  # one round fills at most 2

@@ -53,6 +53,15 @@ def test_starts_from_the_initial_fill():
     assert belady(t, start="empty").initial_fill == 0
 
 
+def test_smaller_capacity_than_the_fill_keeps_the_soonest_used():
+    # the run filled 4 slots; replayed at capacity 2, the oracle keeps the two of the fill used
+    # first (2 and 3), not the first two listed
+    t = T([[2, 3], [2, 3], [0]], halo=[0, 1, 2, 3, 4], init=[0, 1, 2, 3], capacity=4)
+    r = belady(t, capacity=2, start="init")
+    assert r.initial_fill == 2
+    assert r.hits.tolist() == [2, 2, 0]
+
+
 def test_capacity_zero_and_full():
     t = T([[1, 2], [1, 2], [3]], capacity=0)
     assert belady(t).total_hits == 0

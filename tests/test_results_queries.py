@@ -205,3 +205,22 @@ def test_unknown_named_query_lists_the_valid_ones():
 def test_study_name_is_quoted():
     sql = queries.render("failed_runs", study="it's")
     assert "study = 'it''s'" in sql
+
+
+def test_trace_replays_have_no_epoch_time(tmp_path):
+    """A `rudder sim` replay records 0 s epochs: it counts rows and hits, never time, so it has
+    no row in the epoch-time query (and no 0 s bar in the report) but keeps its hit rate."""
+    from rudder.sim.simulate import simulate, write_sim_run
+    from rudder.sim.tracegen import random_trace
+
+    runs = tmp_path / "runs"
+    write_synthetic_run(runs, "none-2", policy="none", simulated=False, epochs=2, steps=6)
+    t = random_trace(halo=200, minibatches=12, batch=60, capacity=0.2, epochs=2, seed=1)
+    write_sim_run(runs, [simulate(t, "lru")], {"name": "src", "path": "x"})
+    with ResultsStore(tmp_path / "r.duckdb") as st:
+        for d in sorted(runs.iterdir()):
+            st.ingest_run(d)
+        speed = st.query(queries.render("speedup"))
+        hits = st.query(queries.render("hit_rate"))
+    assert list(speed.policy) == ["none"]
+    assert "lru" in set(hits.policy)

@@ -166,7 +166,8 @@ def test_records_windows_and_run_dir(tmp_path, trace):
 
 
 def test_results_store_ingests_a_simulated_run(tmp_path, trace):
-    store_mod = pytest.importorskip("rudder.results.store")
+    from rudder.results import store as store_mod
+
     d = write_sim_run(tmp_path / "runs", [simulate(trace, "belady")], {"name": "src", "path": "x"})
     with store_mod.ResultsStore(tmp_path / "r.duckdb") as st:
         st.ingest_run(d)
@@ -196,3 +197,17 @@ def test_sim_cli(tmp_path, trace, capsys):
     traces, source = load_source(src)
     assert list(traces) == [0] and source["run_id"] == "r1"
     assert main(["sim", str(src), "-p", "nope", "--no-write"]) == 2
+
+
+def test_sim_cli_shows_what_caches_evict(tmp_path, trace, capsys):
+    from rudder.cli import build_parser, main
+
+    src = tmp_path / "run"
+    trace.save(src / "trace-r0.npz")
+    (src / "run.json").write_text(json.dumps({"run_id": "r1", "config": {}}))
+    assert main(["sim", str(src), "-p", "lru", "--no-write"]) == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    cells = dict(zip(header.replace("fetched% of none", "fetched%").split(), row.split()))
+    assert int(cells["admitted"]) == simulate(trace, "lru").summary()["evictions"] > 0
+    sim_help = build_parser()._subparsers._group_actions[0].choices["sim"].format_help()
+    assert "rudder collect" in sim_help and "results collect" not in sim_help

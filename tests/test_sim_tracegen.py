@@ -13,7 +13,7 @@ from rudder.sim.trace import Trace
 
 @pytest.fixture(scope="module")
 def graph():
-    dgl = pytest.importorskip("dgl")
+    import dgl
     import torch
 
     torch.manual_seed(0)
@@ -85,7 +85,6 @@ class ScriptedMaker:
 
 
 def test_agent_policy_replays_with_decisions():
-    pytest.importorskip("rudder.agent.policy")
     t = random_trace(halo=300, minibatches=60, batch=80, capacity=0.2, skew=1.0, epochs=2, seed=5)
     maker = ScriptedMaker()
     r = simulate(t, "agent", extra={"decision_maker": maker})

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "repeats) as a Parsl DAG: stage -> partition -> train -> collect -> report.",
         epilog="Study files: configs/studies/*.yaml. Execution files: configs/local.yaml, "
                "configs/perlmutter/{cpu,gpu}.yaml. Results: SQL over the DuckDB file, e.g. "
-               "`rudder query --db runs/<study>/results.duckdb speedup`.",
+               "`rudder query --db runs/<study>/results.duckdb --named speedup`.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--study", default=str(DEFAULT_STUDY), metavar="FILE",
                    help="study YAML (default: %(default)s)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -32,10 +33,14 @@ def _models(args) -> int:
 def _eval(args) -> int:
     from rudder.agent.eval import DEFAULT_SETS, evaluate_many, format_table
 
+    def progress(r, total: int) -> None:  # one line per window on stderr: answers take seconds
+        print(f"{r.model} / {r.variant}: {r.n}/{total} windows, {r.correct} right, "
+              f"{r.fallbacks} fell back", file=sys.stderr, flush=True)
+
     results = evaluate_many(args.windows or DEFAULT_SETS, args.model or ["smollm2-135m"],
                             args.variant or ["default"], url=args.url, threads=args.threads,
                             timeout_s=args.timeout, limit=args.limit, model_path=args.model_path,
-                            pause_file=args.pause_file)
+                            pause_file=args.pause_file, progress=None if args.quiet else progress)
     rows = [r.summary() for r in results]
     print(format_table(rows))
     for r in results:  # accuracy per split (tune / held-out) and per kind of window
@@ -133,7 +138,9 @@ def register(subparsers) -> None:
     q.add_argument("--windows", action="append", default=None,
                    help="labelled windows JSONL (repeatable; default: the starter set and the "
                         "windows of replayed runs, rudder/agent/eval_windows*.jsonl)")
-    q.add_argument("--limit", type=int, default=None)
+    q.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="score only the first N windows (of the files in order; default all)")
+    q.add_argument("--quiet", action="store_true", help="no per-window progress on stderr")
     q.add_argument("--pause-file", default=None,
                    help="wait while this file exists before each window (a shared host where "
                         "someone times a benchmark); the wait is not counted as latency")

@@ -22,7 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rudder.agent.context import HIT_TOL, ContextBuilder, direction
 from rudder.agent.decision import Backend, DecisionMaker, HttpBackend, InprocBackend, warm_prompt
@@ -79,6 +79,14 @@ class EvalResult:
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else 0.0
 
+    @property
+    def majority(self) -> tuple[str, float]:
+        """The constant answer's accuracy: ("keep" | "replace", share of windows with that label)."""
+        if not self.n:
+            return "keep", 0.0
+        rep = sum(bool(p["label"]) for p in self.predictions)
+        return ("replace", rep / self.n) if 2 * rep > self.n else ("keep", (self.n - rep) / self.n)
+
     def by(self, key: str) -> dict[str, tuple[int, int]]:
         """{value of `key` (split, kind): (right, n)} over the predictions."""
         out: dict[str, list[int]] = {}
@@ -91,7 +99,11 @@ class EvalResult:
     def summary(self) -> dict[str, Any]:
         p50, p95 = percentile(self.latencies, 0.5), percentile(self.latencies, 0.95)
         return {"model": self.model, "variant": self.variant, "backend": self.backend, "n": self.n,
-                "accuracy": round(self.accuracy, 3), "fallbacks": self.fallbacks,
+                "accuracy": round(self.accuracy, 3),
+                "majority": round(self.majority[1], 3), "majority_answer": self.majority[0],
+                "replace_share": round(sum(bool(p["replace"]) for p in self.predictions) / self.n, 3)
+                if self.n else None,
+                "fallbacks": self.fallbacks,
                 "latency_p50_s": None if p50 is None else round(p50, 3),
                 "latency_p95_s": None if p95 is None else round(p95, 3)}
 
@@ -108,8 +120,10 @@ def wait_while(pause_file: str | Path | None, poll_s: float = 5.0) -> float:
 
 
 def evaluate(maker: DecisionMaker, windows: list[dict], variant: str, history_k: int = 4,
-             pause_file: str | Path | None = None) -> EvalResult:
-    """pause_file: before each window, wait while this file exists (the wait is not latency)."""
+             pause_file: str | Path | None = None,
+             progress: Callable[[EvalResult, int], None] | None = None) -> EvalResult:
+    """pause_file: before each window, wait while this file exists (the wait is not latency).
+    progress(result so far, windows in all): called after each window."""
     res = EvalResult(maker.model, variant, maker.backend.name)
     for rec in windows:
         wait_while(pause_file)
@@ -126,6 +140,8 @@ def evaluate(maker: DecisionMaker, windows: list[dict], variant: str, history_k:
                                 "split": rec.get("split", "tune"),
                                 "label": rec["label_replace"], "replace": d.replace, "fallback": d.fallback,
                                 "ok": ok, "latency_s": d.latency_s, "raw": d.raw})
+        if progress is not None:
+            progress(res, len(windows))
     return res
 
 
@@ -139,7 +155,8 @@ def make_backend(model: str, url: str | None = None, threads: int = 1, model_pat
 
 def evaluate_many(path: str | Path | list, models: Iterable[str], variants: Iterable[str], url: str | None = None,
                   threads: int = 1, timeout_s: float = 60.0, max_tokens: int = 160, limit: int | None = None,
-                  model_path: str | None = None, pause_file: str | Path | None = None) -> list[EvalResult]:
+                  model_path: str | None = None, pause_file: str | Path | None = None,
+                  progress: Callable[[EvalResult, int], None] | None = None) -> list[EvalResult]:
     """Every model x variant on the file; each model is loaded once."""
     windows = load_windows(path)[:limit]
     results = []
@@ -151,7 +168,7 @@ def evaluate_many(path: str | Path | list, models: Iterable[str], variants: Iter
                 wait_while(pause_file)
                 maker.warm(warm_prompt(v))  # the constant prefix, cached as in a run (not timed)
                 t0 = time.monotonic()
-                r = evaluate(maker, windows, v, pause_file=pause_file)
+                r = evaluate(maker, windows, v, pause_file=pause_file, progress=progress)
                 log.info("%s / %s: accuracy %.2f on %d windows (%.1f s)", model, v, r.accuracy, r.n,
                          time.monotonic() - t0)
                 results.append(r)
@@ -326,7 +343,9 @@ def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON) -> list[
 
 
 def format_table(rows: list[dict]) -> str:
-    cols = ["model", "variant", "backend", "n", "accuracy", "fallbacks", "latency_p50_s", "latency_p95_s"]
+    cols = ["model", "variant", "backend", "n", "accuracy", "majority", "majority_answer",
+            "replace_share", "fallbacks",
+            "latency_p50_s", "latency_p95_s"]
     widths = {c: max(len(c), *(len(str(r.get(c))) for r in rows)) for c in cols} if rows else {}
     lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
     for r in rows:

@@ -17,6 +17,7 @@ writes beside DGL's files:
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -32,6 +33,27 @@ import numpy as np
 from rudder.data.store import check_digest, dataset_dir, file_lock, file_sha256, load_graph, read_meta
 
 log = logging.getLogger(__name__)
+
+
+class _DropLines(io.TextIOBase):
+    """A line-buffered text stream that forwards to `out` every line not containing `needle`."""
+
+    def __init__(self, out, needle: str):
+        self.out, self.needle, self.buf = out, needle, ""
+
+    def write(self, text: str) -> int:
+        self.buf += text
+        *lines, self.buf = self.buf.split("\n")
+        for line in lines:
+            if self.needle not in line:
+                self.out.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.buf and self.needle not in self.buf:
+            self.out.write(self.buf)
+        self.buf = ""
+        self.out.flush()
 
 METHODS = ("metis", "random")
 MANIFEST = "manifest.json"
@@ -192,8 +214,9 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
     dgl.random.seed(params["seed"] or 0)
     log.info("partitioning %s (%d nodes, %d edges) into %d parts with %s ...", name,
              g.num_nodes(), g.num_edges(), num_parts, method)
-    # DGL reports progress with print(): keep stdout clean for callers that parse it.
-    with contextlib.redirect_stdout(sys.stderr):
+    # DGL reports progress with print(): keep stdout clean for callers that parse it, and drop
+    # its "... 0 edge cuts ..." line (wrong: it counts halo edges; the log below has the cut).
+    with contextlib.redirect_stdout(_DropLines(sys.stderr, "edge cuts for")):
         orig_nids, orig_eids = dgl.distributed.partition_graph(
             g, graph_name=name, num_parts=num_parts, out_path=str(tmp), num_hops=1,
             part_method=method,

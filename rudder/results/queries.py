@@ -32,7 +32,7 @@ WITH {_COMPLETE},
 epoch_time AS (  -- an epoch lasts as long as its slowest trainer
   SELECT e.run_id, e.epoch, max(e.t_epoch) AS t_epoch
   FROM epochs e JOIN r USING (run_id)
-  WHERE e.t_epoch IS NOT NULL
+  WHERE e.t_epoch > 0  -- a trace replay (rudder sim) records no time (0 s): not an epoch time
   GROUP BY e.run_id, e.epoch),
 run_time AS (
   SELECT run_id, avg(t_epoch) AS epoch_s, count(*) AS epochs FROM epoch_time GROUP BY run_id),

@@ -5,7 +5,11 @@
   rudder tracegen --graph synth-medium --parts 4 --fraction 0.25 --out traces/synth-medium-p4
 
 Each policy's replay becomes a run directory runs/sim-<source>-<policy>/ marked
-"simulated": true, which `rudder results collect` ingests into the same tables as real runs.
+"simulated": true, which `rudder collect` ingests into the same tables as real runs.
+
+Columns: hit% (buffer hits / remote rows), fetched% of none (rows pulled, misses and rows pulled
+ahead, / every remote row), admitted (rows taken into the buffer after the initial fill: a
+cache's evictions, a buffer's replacements), extra (rows pulled only for the buffer, ahead of use).
 """
 from __future__ import annotations
 
@@ -116,7 +120,7 @@ def main_sim(args) -> int:
     parsed = [parse_policy(s, base_pf) for s in specs]  # fail on a bad name before any replay
     if not args.json:
         print(f"{'policy':<22} {'rank':>4} {'capacity':>8} {'hit%':>6} {'fetched% of none':>17} "
-              f"{'replaced':>9} {'decisions':>9} {'Maccesses/s':>12}")
+              f"{'admitted':>9} {'extra':>7} {'decisions':>9} {'Maccesses/s':>12}")
     for spec in parsed:
         results = []
         for rank, trace in traces.items():
@@ -137,7 +141,8 @@ def main_sim(args) -> int:
                 print(json.dumps(s))
             else:
                 print(f"{spec.spec:<22} {rank:>4} {s['capacity']:>8} {100 * s['hit_rate']:>6.1f} "
-                      f"{100 * s['fetched_frac']:>17.1f} {s['replaced_rows']:>9} {s['decisions']:>9} "
+                      f"{100 * s['fetched_frac']:>17.1f} {s['admitted_rows']:>9} {s['replaced_rows']:>7} "
+                      f"{s['decisions']:>9} "
                       f"{s['accesses_per_s'] / 1e6:>12.2f}")
         if not args.no_write:
             cap_tag = args.capacity if args.capacity is not None else (

@@ -1,0 +1,90 @@
+"""The few lines `rudder run` ends with: what the buffer saved, against `none` and Belady.
+
+Read from the run directory alone (records, traces, done files), so it is the same for a run
+made by the CLI, by a study, or copied from elsewhere.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rudder.records import read_jsonl
+
+# policies whose decisions are the point of the run (a run where they never acted says so)
+DECIDING = ("agent", "classifier", "collect")
+
+
+def _ranks(run_dir: Path, stem: str) -> list[Path]:
+    return sorted(run_dir.glob(f"{stem}-r*.jsonl"), key=lambda p: int(p.stem.rsplit("-r", 1)[1]))
+
+
+def summarize_run(run_dir: str | Path) -> dict:
+    """Totals over every rank: remote rows (what `none` pulls), fetched rows, hits, Belady's
+    hits on the recorded traces, mean epoch time (slowest rank), decisions, feature check."""
+    from rudder.prefetch.oracle import belady
+    from rudder.sim.trace import Trace, find_traces
+
+    run_dir = Path(run_dir)
+    run = json.loads((run_dir / "run.json").read_text())
+    policy = ((run.get("config") or {}).get("prefetch") or {}).get("policy", "?")
+    mbs = [m for p in _ranks(run_dir, "minibatches") for m in read_jsonl(p)]
+    epochs = [e for p in _ranks(run_dir, "epochs") for e in read_jsonl(p)]
+    out: dict = {"policy": policy, "minibatches": len(mbs),
+                 "remote_rows": sum(m["remote_rows"] for m in mbs),
+                 "fetched_rows": sum(m["fetched_rows"] for m in mbs),
+                 "hits": sum(m["hits"] for m in mbs),
+                 "initial_fill_rows": sum(e.get("initial_fill_rows") or 0 for e in epochs if e["epoch"] == 0)}
+    traces = find_traces(run_dir)
+    if traces:  # `none` pulls every remote access of the trace; Belady with the run's capacity
+        loaded = [Trace.load(p) for p in traces.values()]
+        out["none_rows"] = sum(t.num_accesses for t in loaded)
+        out["belady_hits"] = sum(belady(t).total_hits for t in loaded) if policy != "none" else 0
+    per_epoch: dict[int, float] = {}
+    for e in epochs:
+        per_epoch[e["epoch"]] = max(per_epoch.get(e["epoch"], 0.0), e["t_epoch"])
+    out["epochs"] = len(per_epoch)
+    out["epoch_s"] = sum(per_epoch.values()) / len(per_epoch) if per_epoch else None
+    decisions = [d for p in _ranks(run_dir, "decisions") for d in read_jsonl(p)]
+    out["decisions"] = len(decisions)
+    out["applied"] = sum(1 for d in decisions if d.get("applied_step") is not None and not d.get("fallback"))
+    out["fallbacks"] = sum(1 for d in decisions if d.get("fallback"))
+    out["replace"] = sum(1 for d in decisions if d.get("replace") and not d.get("fallback")
+                         and d.get("applied_step") is not None)
+    done = [json.loads(p.read_text()) for p in sorted(run_dir.glob("done-r*.json"))]
+    if any(d.get("checked") for d in done):
+        out["feature_check"] = {"ranks": sum(1 for d in done if d.get("checked")),
+                                "mismatched_rows": sum(d.get("mismatched_rows") or 0 for d in done)}
+    else:
+        out["feature_check"] = None
+    return out
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.1f}%" if b else "n/a"
+
+
+def format_summary(s: dict) -> str:
+    base = s["policy"].split(":", 1)[0]
+    none_rows = s.get("none_rows", s["remote_rows"])
+    lines = [
+        f"rows fetched   {s['fetched_rows']:,} = {_pct(s['fetched_rows'], none_rows)} of the "
+        f"{none_rows:,} remote rows `none` pulls"
+        + (f" (+ {s['initial_fill_rows']:,} initial fill)" if s["initial_fill_rows"] else ""),
+        f"buffer hits    {s['hits']:,} ({_pct(s['hits'], s['remote_rows'])} of remote rows)"
+        + (f"; Belady on the same traces: {s['belady_hits']:,} "
+           f"(run/optimal {s['hits'] / s['belady_hits']:.3f})" if s.get("belady_hits") else ""),
+    ]
+    if s["epoch_s"] is not None:
+        lines.append(f"epoch time     {s['epoch_s']:.2f} s (mean of {s['epochs']} epoch(s), slowest rank)")
+    if base in DECIDING or s["decisions"]:
+        lines.append(f"decisions      {s['decisions']}: {s['applied']} applied ({s['replace']} replace), "
+                     f"{s['fallbacks']} fell back")
+        if base in DECIDING and s["applied"] == 0:
+            who = "the agent" if base == "agent" else f"the {base} policy"
+            lines.append(f"note           {who} never acted: "
+                         + ("every decision fell back" if s["decisions"] else "no decision was made")
+                         + " (see decisions-r*.jsonl and logs/)")
+    fc = s["feature_check"]
+    lines.append("feature check  " + (f"{fc['ranks']} rank(s), {fc['mismatched_rows']} rows differ"
+                                      if fc else "not run (--check verifies every assembled row)"))
+    return "\n".join(lines)
