@@ -104,7 +104,8 @@ def test_gate_apps_routes_only_mpi_executors():
     calls = []
 
     def app(name):
-        def call(*args, inputs=(), parsl_resource_specification=None, **kw):
+        def call(*args, parsl_resource_specification=None, **kw):
+            inputs = kw.pop("inputs", [])
             calls.append((name, args, list(inputs), parsl_resource_specification, kw))
             f = cf.Future()
             f.set_result(name)
@@ -122,3 +123,6 @@ def test_gate_apps_routes_only_mpi_executors():
     part.set_result(None)
     assert out.result(timeout=1) == "train"
     assert calls == [("train", ({"c": 1}, "run1"), [part], {"num_nodes": 4}, {"timeout_s": 5})]
+    calls.clear()  # an app called without inputs gets none (stage_dataset takes no `inputs`)
+    assert gated.train("x", parsl_resource_specification={"num_nodes": 1}).result(1) == "train"
+    assert calls == [("train", ("x",), [], {"num_nodes": 1}, {})]

@@ -138,11 +138,11 @@ def gate_apps(apps: Any, ex: Any) -> Any:
         if gate is None:
             return app
 
-        def call(*args, inputs=(), parsl_resource_specification=None, **kwargs):
+        def call(*args, parsl_resource_specification=None, **kwargs):
             spec = dict(parsl_resource_specification or {})
-            deps = [*inputs, *args, *kwargs.values()]
+            deps = [*kwargs.get("inputs", ()), *args, *kwargs.values()]
             return gate.submit(spec.get("num_nodes", 1), deps, lambda: app(
-                *args, inputs=list(inputs), parsl_resource_specification=spec, **kwargs))
+                *args, parsl_resource_specification=spec, **kwargs))
 
         return call
 
