@@ -153,18 +153,20 @@ def test_mpi_backlog_recursion_and_the_gate(cluster, tmp_path, monkeypatch):
         assert gate.peak_nodes == NODES and gate.nodes_in_flight == 0
         assert "into backlog" not in pool_log() and "RecursionError" not in pool_log()
 
-        # -- straight to Parsl: the 4-node task waits in the backlog; when the short task ends
-        # it still does not fit, the recursion overflows and the pool drops what it held (the
-        # short task's result, and the 4-node task too when the overflow hits before it is
-        # back in the backlog)
-        short = app(3, parsl_resource_specification=spec(2))
-        long_ = app(15, parsl_resource_specification=spec(2))
-        big = app(0, parsl_resource_specification=spec(4))
-        assert len(long_.result(timeout=240)) == 2
-        deadline = time.monotonic() + 30  # the short one ended ~12 s before the long one
-        while not (short.done() and big.done()) and time.monotonic() < deadline:
+        # -- straight to Parsl: the 4-node task waits in the backlog; when a 2-node task ends it
+        # still does not fit, the recursion overflows and the pool drops what it held (that
+        # task's result, and the 4-node task too when the overflow hits before it is back in
+        # the backlog)
+        futs = [app(3, parsl_resource_specification=spec(2)),
+                app(15, parsl_resource_specification=spec(2)),
+                app(0, parsl_resource_specification=spec(4))]
+        deadline = time.monotonic() + 240
+        while "RecursionError" not in pool_log() and time.monotonic() < deadline:
+            time.sleep(1)
+        deadline = time.monotonic() + 45  # every task ends within ~15 s of the first one
+        while not all(f.done() for f in futs) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not (short.done() and big.done()), \
+        assert not all(f.done() for f in futs), \
             "every future completed: has Parsl's backlog recursion been fixed?"
         text = pool_log()
         assert "into backlog" in text and "RecursionError" in text
@@ -260,9 +262,9 @@ def test_study_on_four_nodes_end_to_end(cluster, tmp_path):
 
     # block utilisation: node-seconds the runs held / node-seconds the block was allocated
     wait_queue_empty(cluster)
-    jobs = cluster.run(["scontrol", "-o", "show", "job"], check=False).stdout.split("\n")
-    blocks = [dict(kv.split("=", 1) for kv in ln.split() if "=" in kv) for ln in jobs
-              if "JobName=parsl" in ln and str(study_dir) in ln]  # (not the backlog test's)
+    jobs = cluster.job_records()
+    blocks = [j for j in jobs if j.get("JobName", "").startswith("parsl.")
+              and str(study_dir) in j.get("StdOut", "")]  # (not the backlog test's block)
     assert len(blocks) == 1, jobs
     (blk,) = blocks
     assert int(blk["NumNodes"]) == NODES

@@ -63,7 +63,8 @@ def allocation_nodes() -> list[str]:
     return [n for n in out.split() if n]
 
 
-def task_nodes(hold_s: float = 0.0, parsl_resource_specification: dict = {}) -> list[str]:  # noqa: B006
+def task_nodes(hold_s: float = 0.0,
+               parsl_resource_specification: dict = {}) -> list[str]:  # noqa: B006 (Parsl reads it)
     """A probe for MPI executors (tests): the nodes this task was given, after holding them
     `hold_s` seconds."""
     time.sleep(hold_s)

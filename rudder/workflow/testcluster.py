@@ -450,14 +450,12 @@ class NetnsSlurmCluster(SlurmTestCluster):
 
     # -- what a test reads back -----------------------------------------------------------------
 
-    def job_times(self, job_id: str | int) -> dict[str, str]:
-        """StartTime, EndTime, NodeList, NumNodes, JobState of a job (finished jobs stay
-        MinJobAge = 600 s)."""
-        out = self.run(["scontrol", "-o", "show", "job", str(job_id)], check=False).stdout
-        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
-        return {k: fields.get(k, "") for k in ("StartTime", "EndTime", "NodeList", "NumNodes",
-                                                "JobState", "JobName")}
-
+    def job_records(self) -> list[dict[str, str]]:
+        """Every job slurmctld still knows (finished ones for MinJobAge = 600 s), as
+        `scontrol show job` fields: JobName, StartTime, EndTime, NumNodes, NodeList, StdOut..."""
+        out = self.run(["scontrol", "-o", "show", "job"], check=False).stdout
+        return [dict(kv.split("=", 1) for kv in ln.split() if "=" in kv)
+                for ln in out.splitlines() if ln.startswith("JobId=")]
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
