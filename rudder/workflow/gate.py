@@ -13,6 +13,8 @@ nodes_per_block, and fewer than max_workers in flight); only then is it submitte
 it starts at once. Its nodes are released when its future completes (the pool returns a task's
 nodes before it sends the result, and Parsl's retries happen before the future completes). Held
 tasks start first-fit in submission order: a small run may start before a big one that waits.
+With max_blocks > 1 the interchange may send any task to any block, so the gate still admits
+one block's worth in total. A Globus MPI endpoint's block is not known here: not gated.
 
     apps = gate_apps(make_apps(ex.route), ex)     # same calls, same futures (cf.Future)
 """
