@@ -131,6 +131,7 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
     from apps import make_apps
     from rudder.workflow.dag import StudyDAG
     from rudder.workflow.execution import build_parsl_config, prepare_environment
+    from rudder.workflow.gate import gate_apps
 
     dag = StudyDAG(study, ex, runs_dir, db, report_dir, remote=remote, rerun=rerun)
     prepare_environment(REPO)
@@ -139,7 +140,8 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
     config = build_parsl_config(ex, run_dir=parsl_dir, globus_executor_factory=globus_executor_factory)
     dfk = parsl.load(config)
     try:
-        apps = make_apps(ex.route, app_overrides)
+        # MPI executors: tasks reach Parsl only when their nodes fit (its backlog drops results)
+        apps = gate_apps(make_apps(ex.route, app_overrides), ex)
         dag.submit(apps)
         dag.watch(apps, view)
     finally:

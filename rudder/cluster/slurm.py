@@ -63,6 +63,14 @@ def allocation_nodes() -> list[str]:
     return [n for n in out.split() if n]
 
 
+def task_nodes(hold_s: float = 0.0,
+               parsl_resource_specification: dict = {}) -> list[str]:  # noqa: B006 (Parsl reads it)
+    """A probe for MPI executors (tests): the nodes this task was given, after holding them
+    `hold_s` seconds."""
+    time.sleep(hold_s)
+    return allocation_nodes()
+
+
 def interface_addresses() -> dict[str, str]:
     """IPv4 address of every interface of this host that has one (ioctl SIOCGIFADDR)."""
     out = {}
