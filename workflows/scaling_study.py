@@ -114,7 +114,8 @@ def load_inputs(args):
         set_dotted(run, key, value)
     cfg = cfg.model_copy(update={"run": run})
     study = expand(cfg, base, args.study, runs_dir=args.runs_dir)
-    ex = fit_study(ex, study)  # the same values make the endpoint's blocks (with_endpoint)
+    # the same values make the endpoint's blocks (with_endpoint); locally the NodeGate admits runs
+    ex = fit_study(ex, study, gated=not args.endpoint)
     if args.endpoint:
         ex = with_endpoint(ex, args.endpoint)
     return study, ex
