@@ -22,7 +22,10 @@ class DatasetConfig(Strict):
 
 
 class TrainConfig(Strict):
-    fanouts: list[int] = [10, 25]  # the reference and DGL example defaults
+    # Neighbours sampled per node, one entry per layer in DGL's order: the LAST entry is hop 1
+    # (neighbours of each seed), the first is the farthest hop. [10, 25] = 25 per seed, then 10
+    # per hop-1 node (the reference and DGL example defaults). "15,10" is accepted as [15, 10].
+    fanouts: list[int] = [10, 25]
     batch_size: int = Field(1000, gt=0)  # reference default (2000 in their Slurm runs)
     hidden: int = Field(16, gt=0)  # reference default: the model is small, communication dominates
     epochs: int = Field(3, gt=0)
@@ -31,6 +34,20 @@ class TrainConfig(Strict):
     eval_every: int = Field(1, ge=0)  # epochs between validation passes; 0 = only at the end
     check_features: bool = False  # --check: compare every assembled row with a direct pull
     max_steps_per_epoch: int | None = None  # cap for quick runs and tests
+
+    @field_validator("fanouts", mode="before")
+    @classmethod
+    def _fanouts_text(cls, v):
+        """`15,10` (a --set value or a YAML scalar) -> [15, 10]; each must be >= 1 or -1 (all)."""
+        if isinstance(v, (int, str)):
+            try:
+                v = [int(x) for x in str(v).replace(" ", "").split(",") if x]
+            except ValueError:
+                raise ValueError(f"fanouts: expected integers like 15,10, got {v!r}") from None
+        if isinstance(v, list) and (not v or any(isinstance(x, int) and (x == 0 or x < -1)
+                                                 for x in v)):
+            raise ValueError(f"fanouts: need one entry >= 1 (or -1 = all) per layer, got {v!r}")
+        return v
 
 
 class PrefetchConfig(Strict):

@@ -75,6 +75,7 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     meta = json.loads((Path(cfg.dataset.root) / cfg.dataset.name / "meta.json").read_text())
     update_run_json(run_dir, status="running", part_config=str(Path(info.part_config).resolve()),
                     num_classes=meta.get("classes") or meta.get("num_classes"),
+                    classes_present=meta.get("classes_present"),  # distinct labels, if known
                     partition=info.manifest)
 
     c = cfg.cluster

@@ -103,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     classes = int(run.get("num_classes") or 0)
     if not classes:
         raise RuntimeError("run.json lacks num_classes")
+    # one class (e.g. an import whose labels are all 0): accuracy would read 1.000 and mean
+    # nothing, so none is reported
+    one_class = classes < 2 or run.get("classes_present") == 1
+    if one_class:
+        log.warning("rank %d: the labels have one class: accuracy is not reported", rank)
     model = SAGE(feat_dim, tc.hidden, classes, len(tc.fanouts))
     model = torch.nn.parallel.DistributedDataParallel(model.to(device))
     opt = torch.optim.Adam(model.parameters(), lr=tc.lr)
@@ -185,16 +190,17 @@ def main(argv: list[str] | None = None) -> int:
             n += 1
         t_epoch = time.perf_counter() - t_epoch
         val_acc = None
-        if tc.eval_every and (epoch + 1) % tc.eval_every == 0 or epoch == tc.epochs - 1:
+        if not one_class and (tc.eval_every and (epoch + 1) % tc.eval_every == 0
+                              or epoch == tc.epochs - 1):
             val_acc = evaluate(model, loader_for(val_nids, False), feat, labels, torch, device)
         er = {"epoch": epoch, "t_epoch": t_epoch, **agg, "loss": agg["loss"] / max(n, 1),
-              "train_acc": correct / max(total, 1), "val_acc": val_acc, "minibatches": n,
+              "train_acc": None if one_class else correct / max(total, 1), "val_acc": val_acc, "minibatches": n,
               "initial_fill_rows": init_rows if epoch == 0 else 0, "t_initial_fill": t_init if epoch == 0 else 0.0}
         out["epochs"].write(er)
         log.info("epoch %d: %.2fs (sample %.2f | fetch %.2f | buffer %.3f | policy %.4f | compute %.2f | stall %.2f) "
                  "loss %.3f train %.3f val %s hit %.3f fetched %d/%d remote rows",
                  epoch, t_epoch, agg["t_sample"], agg["t_fetch"], agg["t_buffer"], agg["t_policy"], agg["t_compute"],
-                 agg["t_stall"], er["loss"], er["train_acc"], f"{val_acc:.3f}" if val_acc is not None else "-",
+                 agg["t_stall"], er["loss"], er["train_acc"] or 0.0, f"{val_acc:.3f}" if val_acc is not None else "-",
                  agg["hits"] / max(agg["remote_rows"], 1), agg["fetched_rows"], agg["remote_rows"])
     policy.close()
     for d in policy.decisions():

@@ -5,7 +5,7 @@
   rudder tracegen --graph synth-medium --parts 4 --fraction 0.25 --out traces/synth-medium-p4
 
 Each policy's replay becomes a run directory runs/sim-<source>-<policy>/ marked
-"simulated": true, which `rudder results collect` ingests into the same tables as real runs.
+"simulated": true, which `rudder collect` ingests into the same tables as real runs.
 """
 from __future__ import annotations
 
