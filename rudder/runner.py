@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import logging
 import sys
 import time
@@ -79,7 +80,11 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
                     partition=info.manifest)
 
     c = cfg.cluster
-    service = agent_service_argv(cfg)
+    node_service = node_agent_service(cfg)
+    service = None if node_service else agent_service_argv(cfg)
+    if node_service:
+        update_run_json(run_dir, agent_node_service={k: node_service.get(k) for k in
+                                                     ("pid", "port", "reused", "started_at")})
     spec = ClusterSpec(machines=c.machines, trainers_per_machine=c.trainers_per_machine,
                        bandwidth=c.bandwidth, netns=c.netns, start_timeout_s=c.start_timeout_s,
                        run_timeout_s=c.run_timeout_s,
@@ -91,7 +96,14 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
              c.machines, c.trainers_per_machine, cfg.prefetch.policy)
     try:
         with make_cluster(spec, run_dir) as cluster:
-            res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service)
+            env = None
+            if node_service:  # the host, as each emulated machine reaches it: its bridge
+                cluster.start()
+                net = getattr(cluster, "net", None)
+                host = net.bridge_address if net is not None else "127.0.0.1"
+                env = {"RUDDER_AGENT_URL": f"http://{host}:{node_service['port']}"}
+            res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service,
+                              env=env)
         ok, reason = res.ok, res.reason
     except Exception as exc:  # cluster setup failure: recorded, never a hang
         ok, reason = False, f"cluster: {exc}"
@@ -107,6 +119,21 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
     return RunResult(run_id, run_dir, ok, reason or "")
+
+
+def node_agent_service(cfg: RunConfig) -> dict | None:
+    """The study's per-node agent service (started here by the first agent run on this node),
+    when the run uses the agent over HTTP inside a study that set RUDDER_AGENT_NODE_DIR and its
+    machines are emulated on this host; else None (single runs keep their own service)."""
+    from rudder.agent.service import NODE_DIR_ENV, ensure_node_service
+
+    node_dir = os.environ.get(NODE_DIR_ENV)
+    if (not node_dir or cfg.prefetch.policy != "agent" or cfg.agent.backend != "http"
+            or cfg.agent.url or os.environ.get("RUDDER_LAUNCHER", "local") != "local"):
+        return None
+    c, a = cfg.cluster, cfg.agent
+    return ensure_node_service(node_dir, a.model.name, a.model.path, a.threads, a.prompt,
+                               trainers=c.machines * c.trainers_per_machine)
 
 
 def agent_service_argv(cfg: RunConfig) -> list[str] | None:
