@@ -212,8 +212,8 @@ def test_cli_dry_run_and_bad_study(tmp_path):
                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert text.count("stage_dataset ") == 1 and text.count("train_block ") == 15
-    assert text.count("partition_graph ") == 3  # synth-tiny x {1, 2, 4}
+    assert text.count("stage_dataset ") == 1 and text.count("train_block ") == 10
+    assert text.count("partition_graph ") == 2  # synth-medium x {2, 4}
     assert "collect_metrics after each run, one at a time [collector]" in text
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndatasets: [synth-tiny]\nmachines: [1]\npolicies: [none]\n"

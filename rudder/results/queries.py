@@ -107,10 +107,16 @@ epoch_time AS (  -- an epoch lasts as long as its slowest trainer
   FROM epochs e JOIN r USING (run_id)
   WHERE e.t_epoch IS NOT NULL
   GROUP BY e.run_id, e.epoch),
+step_compute AS (  -- a rank's compute includes waiting at the gradient all-reduce for the
+                   -- slowest rank (often one still fetching): the least over ranks is compute
+  SELECT m.run_id, m.epoch, m.step, min(m.t_compute) AS t_compute
+  FROM minibatches m JOIN r USING (run_id)
+  GROUP BY m.run_id, m.epoch, m.step),
 bound_rank AS (  -- features free: the loader samples while the trainer computes
   SELECT m.run_id, m.epoch, m.rank,
-         sum(greatest(coalesce(m.t_sample, 0), coalesce(m.t_compute, 0))) AS bound_s
+         sum(greatest(coalesce(m.t_sample, 0), coalesce(c.t_compute, 0))) AS bound_s
   FROM minibatches m JOIN r USING (run_id)
+  JOIN step_compute c ON c.run_id = m.run_id AND c.epoch = m.epoch AND c.step = m.step
   GROUP BY m.run_id, m.epoch, m.rank),
 bound_epoch AS (
   SELECT run_id, epoch, max(bound_s) AS bound_s FROM bound_rank GROUP BY run_id, epoch),
@@ -199,7 +205,8 @@ NAMED: dict[str, NamedQuery] = {q.name: q for q in [
                "(complete runs)", _HIT_RATE),
     NamedQuery("vs_none", "per dataset, machines and policy: rows fetched and epoch time as "
                "ratios to policy 'none', %-hits, and the features-free pipeline bound (per "
-               "minibatch the larger of sampling and compute time, summed per epoch, slowest "
+               "minibatch the larger of sampling and compute time, compute being the least "
+               "over ranks since the others wait at the all-reduce; summed per epoch, slowest "
                "rank) with epoch time over it (complete runs)", _VS_NONE),
     NamedQuery("agent_decisions", "every decision of the agent policy's runs: when it was "
                "judged and applied, replace/keep, budget, fallback, the model's reason",
