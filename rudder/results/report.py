@@ -20,6 +20,7 @@ Agg canvas directly (no pyplot), so importing this module changes no global back
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
@@ -246,7 +247,8 @@ def agent_lines(decisions: pd.DataFrame) -> list[str]:
             md += ["Budgets of its replace answers: " + ", ".join(
                 f"{k} {v}×" for k, v in budgets.items()) + ".", ""]
         md += ["Why, in its own words (most frequent first):", ""]
-        for reason, count in ans["reason"].fillna("(no reason)").value_counts().head(6).items():
+        plain = ans["reason"].fillna("(no reason)").map(_plain_reason)
+        for reason, count in plain.value_counts().head(6).items():
             md.append(f"- {count}× “{reason}”")
         md.append("")
         judged = ans["correct"].dropna()
@@ -441,6 +443,8 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
             if fb[i]:
                 x, style, name = r.decided_step, dict(marker="x", color="tab:red", s=55), \
                     "fallback (no usable answer)"
+                why = _plain_reason(r.reason).removeprefix("fallback: ")
+                reasons.setdefault(f"fallback: {textwrap.shorten(why, 70)}", []).append(num)
             else:
                 applied = pd.notna(r.applied_step)
                 x = r.applied_step if applied else r.decided_step
@@ -450,8 +454,9 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
                              facecolors=color if applied else "none", edgecolors=color)
                 name = ("replace" if is_rep else "keep") + ("" if applied else " (not applied)")
                 budget = f" ({r.budget})" if is_rep and pd.notna(r.budget) else ""
-                reasons.setdefault(f"{'replace' if is_rep else 'keep'}{budget}: "
-                                   f"“{r.reason}”", []).append(num)
+                late = "" if applied else " (never applied)"
+                reasons.setdefault(f"{'replace' if is_rep else 'keep'}{budget}{late}: "
+                                   f"“{_plain_reason(r.reason)}”", []).append(num)
             if pd.isna(x):
                 continue
             x = max(float(x), -0.5)  # the start decision: before the first minibatch
@@ -477,6 +482,14 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
                     va="top", ha="left", fontsize=8, family="monospace")
     fig.tight_layout()
     return fig, len(runs)
+
+
+def _plain_reason(reason) -> str:
+    """The model's reason without the notes the policy appends ("[superseded, never
+    applied]", "[arrived after the run, never applied]"): those are counted apart."""
+    text = "" if reason is None or (isinstance(reason, float) and math.isnan(reason)) \
+        else str(reason)
+    return re.sub(r"\s*\[[^\]]*\]\s*$", "", text) or "(no reason)"
 
 
 def _nums(nums: list[int]) -> str:
