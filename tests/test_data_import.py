@@ -298,7 +298,7 @@ def test_feature_rows_mismatch(tmp_path, raw):
     np.save(tmp_path / "feat.npy", feat[:-1])
     with pytest.raises(ValueError, match=r"feat\.npy.*59 rows.*60 nodes"):
         importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "feat.npy",
-                                   num_nodes=N)
+                                   num_nodes=N, generate_labels=True)
     np.save(tmp_path / "labels.npy", labels)
     with pytest.raises(ValueError, match="row counts differ"):
         importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "feat.npy",
@@ -306,28 +306,33 @@ def test_feature_rows_mismatch(tmp_path, raw):
     small = np.zeros((10, 2), np.float32)
     np.save(tmp_path / "small.npy", small)
     with pytest.raises(ValueError, match=r"edges\.csv: node id 59 is out of range"):
-        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "small.npy")
+        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "small.npy",
+                                   generate_labels=True)
 
 
 def test_missing_files(tmp_path, raw):
     with pytest.raises(FileNotFoundError, match="nothere.csv"):
-        importers.import_edge_list(tmp_path / "nothere.csv", "m", tmp_path)
+        importers.import_edge_list(tmp_path / "nothere.csv", "m", tmp_path, generate_labels=True)
     edges = write_edges(tmp_path, "csv", *raw[:2])
     with pytest.raises(FileNotFoundError, match="nofeat.npy"):
-        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "nofeat.npy")
+        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "nofeat.npy",
+                                   generate_labels=True)
 
 
 def test_bad_split(tmp_path, raw):
     edges = write_edges(tmp_path, "csv", *raw[:2])
     np.savez(tmp_path / "s.npz", train=[0, 1], val=[1], test=[2])
     with pytest.raises(ValueError, match="overlap"):
-        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s.npz")
+        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s.npz",
+                                   generate_labels=True)
     np.savez(tmp_path / "s2.npz", train=[0, 1], test=[2])
     with pytest.raises(ValueError, match=r"s2\.npz: missing split array 'val'"):
-        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s2.npz")
+        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s2.npz",
+                                   generate_labels=True)
     np.savez(tmp_path / "s3.npz", train=[0, 100], val=[1], test=[2])
     with pytest.raises(ValueError, match="index 100 out of range"):
-        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s3.npz")
+        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s3.npz",
+                                   generate_labels=True)
 
 
 # ------------------------------------------------------------------------- public layouts

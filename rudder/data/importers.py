@@ -513,8 +513,8 @@ def import_edge_list(path: str | os.PathLike, name: str, root: str | os.PathLike
     whitespace separated, no header; see read_edge_list for header/sep/columns), Parquet
     (columns src,dst) or npz (arrays src,dst or edge_index; its `num_nodes`, if present, sets
     the node count); format overrides the guess from the file name. num_nodes defaults to the
-    npz's, else the feature/label row count, else max id + 1. features: npy/npz/csv/parquet, one row per node
-    (a `node_id` column orders csv/parquet rows). labels: same formats, one value per node;
+    npz's, else the feature/label row count, else max id + 1. features: npy/npz/csv/parquet,
+    one row per node (a `node_id` column orders csv/parquet rows). labels: same formats, one value per node;
     NaN or negative = unlabeled (-1). split: npz with train, val (or valid), test as masks or
     index arrays; absent -> random split of the labeled nodes by split_fracs and seed.
     Labels absent: ValueError, unless generate_labels (see generated_labels).
@@ -555,7 +555,8 @@ def import_edge_list(path: str | os.PathLike, name: str, root: str | os.PathLike
         return build_and_stage(src, dst, name=name, root=root, num_nodes=n, feat=feat,
                                labels=lab, masks=masks, source=f"import:{Path(path).name}",
                                seed=seed, split_fracs=split_fracs, make_symmetric=symmetric,
-                               generate_labels=generate_labels, extra={"files": {"edges": str(path), "features": _s(features),
+                               generate_labels=generate_labels,
+                               extra={"files": {"edges": str(path), "features": _s(features),
                                                 "labels": _s(labels), "split": _s(split)}})
 
 
