@@ -70,7 +70,9 @@ def write_report(db_path: str | Path = "results.duckdb", out_dir: str | Path = "
         md += [f"{len(runs)} runs: {by_status}.", ""]
 
     md += ["## The answer", ""]
-    md += answer_lines(vs, bel_runs, decisions, no_trace)
+    steps = ({r: int(g["step"].max()) + 1 for r, g in hits.groupby("run_id")}
+             if not hits.empty else {})
+    md += answer_lines(vs, bel_runs, decisions, no_trace, steps)
 
     md += ["## Plots", ""]
     if not vs.empty and (vs["policy"] != "none").any() and vs["rows_ratio"].notna().any():
@@ -161,7 +163,7 @@ def belady_rows_ratio(bel_runs: pd.DataFrame, dataset, machines) -> float | None
 
 
 def answer_lines(vs: pd.DataFrame, bel_runs: pd.DataFrame, decisions: pd.DataFrame,
-                 no_trace: list[str] | None = None) -> list[str]:
+                 no_trace: list[str] | None = None, steps: dict | None = None) -> list[str]:
     """The report's opening: per (dataset, machines) what each policy saved against `none`,
     its distance to Belady and the bound; then what the agent decided and why."""
     if vs.empty:
@@ -220,12 +222,20 @@ def answer_lines(vs: pd.DataFrame, bel_runs: pd.DataFrame, decisions: pd.DataFra
     if no_trace:
         md += [f"Belady's optimum is missing for {len(no_trace)} run(s) whose traces were not "
                f"readable here (e.g. {no_trace[0]}).", ""]
-    md += agent_lines(decisions)
+    md += agent_lines(decisions, steps)
     return md
 
 
-def agent_lines(decisions: pd.DataFrame) -> list[str]:
-    """What the agent decided and why, from its decision records."""
+def first_applied(d: pd.DataFrame) -> float | None:
+    """The first minibatch at which a model answer (not a fallback) was applied."""
+    fb = d["fallback"].astype("boolean").fillna(False).to_numpy(bool)
+    steps = d.loc[~fb, "applied_step"].dropna()
+    return float(steps.min()) if len(steps) else None
+
+
+def agent_lines(decisions: pd.DataFrame, steps: dict | None = None) -> list[str]:
+    """What the agent decided and why, from its decision records. steps: run id ->
+    minibatches per trainer (to say how long the fallback steered)."""
     if decisions.empty:
         return ["No agent runs: no decision records in the database.", ""]
     d = decisions
@@ -258,6 +268,17 @@ def agent_lines(decisions: pd.DataFrame) -> list[str]:
         lat = ans["latency_s"].dropna()
         if len(lat):
             md += [f"Answer latency: median {lat.median():.1f} s, max {lat.max():.1f} s.", ""]
+    runs = []
+    for run_id, g in d.groupby("run_id", sort=False):
+        first, n = first_applied(g), (steps or {}).get(run_id)
+        total = f" of {n}" if n else ""
+        runs.append(f"{run_id}: first answer applied at minibatch {int(first)}{total}"
+                    if first is not None else f"{run_id}: no answer applied"
+                    + (f" in {n} minibatches" if n else ""))
+    if runs:
+        md += ["Until an answer is applied the fallback policy steers (`agent.fallback`; `auto` = "
+               "lookahead when the run samples ahead), so the agent's rows and hits are mostly "
+               "the fallback's where answers come late: " + "; ".join(runs) + ".", ""]
     return md
 
 
@@ -414,9 +435,9 @@ def hit_rate_figure(hits: pd.DataFrame, bel_runs: pd.DataFrame, bel_steps: pd.Da
 def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.DataFrame,
                      bel_steps: pd.DataFrame):
     """One panel per agent run: its %-hits over training (and Belady's on its trace), with
-    each decision on that timeline — ▲ replace, ● keep at the step it was applied (hollow: never
-    applied), ✕ fallback at the step it was asked — numbered; the reasons listed under the
-    panel. Returns (figure, panels drawn)."""
+    each decision on that timeline (▲ replace, ● keep at the step it was applied; hollow:
+    never applied; ✕ fallback at the step it was asked), numbered, and the stretch the fallback
+    steered shaded; the reasons listed under the panel. Returns (figure, panels drawn)."""
     runs = list(dict.fromkeys(decisions["run_id"]))[:MAX_DECISION_PANELS]
     fig, axes = _figure(len(runs), 1, 11.0, 4.6)
     for ax, run_id in zip(axes[:, 0], runs):
@@ -437,6 +458,11 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
                     label="Belady's optimum")
         fb = d["fallback"].astype("boolean").fillna(False).to_numpy(bool)
         rep = d["replace"].astype("boolean")
+        first = first_applied(d)
+        end = first if first is not None else (float(h["step"].max()) if not h.empty else None)
+        if end is not None:
+            ax.axvspan(-0.5, end, color="0.92", zorder=0,
+                       label="fallback steers (no answer applied yet)")
         reasons: dict[str, list[int]] = {}
         for i, r in d.iterrows():
             num = i + 1
