@@ -147,6 +147,7 @@ class AgentPolicy(Policy):
         self.dropped_windows = 0
         self._load_error: str | None = None
         self._ready = threading.Event()  # set when the model is loaded and warmed (or failed to)
+        self._wait_service = False  # setup(): our maker talks to a service that may be loading
 
     # ---- Policy interface -----------------------------------------------------------------
     def setup(self, ctx: RunContext) -> None:
@@ -161,6 +162,7 @@ class AgentPolicy(Policy):
         if self._maker is None:
             if self._url or a.backend == "http":
                 self._maker = DecisionMaker.from_config(a, url=self._url)
+                self._wait_service = self._url is not None  # it may still be loading its model
             else:
                 from rudder.agent.models import resolve_model
 
@@ -343,7 +345,7 @@ class AgentPolicy(Policy):
             if self._maker is not None and self._maker.backend.name == "inproc":
                 dt = self._maker.warm(warm_prompt(self.agent_cfg.prompt))
                 log.info("agent model loaded and warmed in %.1f s", dt)
-        if self._url and self._maker is not None:  # a service may still be loading its model
+        if self._wait_service:  # a service may still be loading its model
             dt = wait_http(self._url, self.agent_cfg.ready_timeout_s, self._stop)
             if dt > 0.05:
                 log.info("agent service at %s answered after %.1f s", self._url, dt)
