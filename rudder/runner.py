@@ -113,10 +113,15 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     meta = json.loads((Path(cfg.dataset.root) / cfg.dataset.name / "meta.json").read_text())
     update_run_json(run_dir, status="running", part_config=str(Path(info.part_config).resolve()),
                     num_classes=meta.get("classes") or meta.get("num_classes"),
+                    classes_present=meta.get("classes_present"),  # distinct labels, if known
                     partition=info.manifest)
 
     c = cfg.cluster
-    service = agent_service_argv(cfg)
+    node_service = node_agent_service(cfg, launch)
+    service = None if node_service else agent_service_argv(cfg)
+    if node_service:
+        update_run_json(run_dir, agent_node_service={k: node_service.get(k) for k in
+                                                     ("pid", "port", "reused", "started_at")})
     spec = ClusterSpec(machines=c.machines, trainers_per_machine=c.trainers_per_machine,
                        bandwidth=c.bandwidth, netns=c.netns, start_timeout_s=c.start_timeout_s,
                        run_timeout_s=c.run_timeout_s,
@@ -137,7 +142,12 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
             cluster.watchdog = ProgressWatchdog(run_dir, c.progress_timeout_s, first_s=first_s,
                                                 local=not isinstance(cluster, SlurmCluster),
                                                 links=links)
-            res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service)
+            env = None
+            if node_service:  # the host, as each emulated machine reaches it: its bridge
+                host = net.bridge_address if net is not None else "127.0.0.1"
+                env = {"RUDDER_AGENT_URL": f"http://{host}:{node_service['port']}"}
+            res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service,
+                              env=env)
         ok, reason = res.ok, res.reason
     except ConfigError as exc:
         update_run_json(run_dir, status="failed", reason=f"input: {exc}", ended_at=time.time())
@@ -164,6 +174,22 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
     return RunResult(run_id, run_dir, ok, reason or "")
+
+
+def node_agent_service(cfg: RunConfig, launch=None) -> dict | None:
+    """The study's per-node agent service (started here by the first agent run on this node),
+    when the run uses the agent over HTTP inside a study that set RUDDER_AGENT_NODE_DIR and its
+    machines are emulated on this host; else None (single runs keep their own service)."""
+    from rudder.agent.service import NODE_DIR_ENV, ensure_node_service
+    from rudder.cluster.launch import Launch
+
+    node_dir = os.environ.get(NODE_DIR_ENV)
+    if (not node_dir or cfg.prefetch.policy != "agent" or cfg.agent.backend != "http"
+            or cfg.agent.url or Launch.of(launch).type != "local"):
+        return None
+    c, a = cfg.cluster, cfg.agent
+    return ensure_node_service(node_dir, a.model.name, a.model.path, a.threads, a.prompt,
+                               trainers=c.machines * c.trainers_per_machine)
 
 
 def agent_service_argv(cfg: RunConfig) -> list[str] | None:
