@@ -277,6 +277,8 @@ def _import_csv(tmp_path, text, **kw):
     ("src,dst\n0,1\na,2\n", "non-integer node ids"),
     ("src,dst\n0,1\n1.5,2\n", "non-integer node ids"),
     ("src,dst\n0,1\n-3,2\n", "negative node ids"),
+    ("src,dst\n0,1\n1,100000000000000000000\n", "too large for int64 .e.g. 100000000000000000000 at row 1"),
+    ("src,dst\n\n", "no edges"),  # a header and nothing else
     ("src,dst\n0,1\n,2\n", "missing/non-finite"),
 ])
 def test_malformed_edge_list(tmp_path, text, match):

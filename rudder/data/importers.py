@@ -93,6 +93,12 @@ def _as_ids(values: Any, path: Path, column: str) -> np.ndarray:
     elif arr.dtype.kind not in "iu":
         raise ValueError(f"{path}: column {column!r} has non-integer node ids "
                          f"(dtype {arr.dtype})")
+    # an id past int64 (1e20, or a uint64 above 2^63) would wrap to a negative one in the cast
+    too_big = arr >= 2.0 ** 63 if arr.dtype.kind == "f" else arr > np.iinfo(np.int64).max
+    if arr.size and too_big.any():
+        row = int(np.argmax(too_big))
+        raise ValueError(f"{path}: column {column!r} has node ids too large for int64 "
+                         f"(e.g. {arr[row]:.0f} at row {row})")
     arr = arr.astype(np.int64)
     if arr.size and arr.min() < 0:
         row = int(np.argmin(arr))
@@ -215,6 +221,8 @@ def read_edge_list(path: str | os.PathLike, format: str | None = None,
     if src.shape != dst.shape:
         raise ValueError(f"{p}: {src_col} and {dst_col} differ in length "
                          f"({src.shape[0]} vs {dst.shape[0]})")
+    if not src.size:
+        raise ValueError(f"{p}: no edges (nothing after the header and comments)")
     return src, dst
 
 
