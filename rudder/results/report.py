@@ -83,6 +83,7 @@ def write_report(db_path: str | Path = "results.duckdb", out_dir: str | Path = "
     else:
         md += ["### Pass@1", "", NAMED["pass_at_1"].description + ".", "",
                _md_table(tables["pass_at_1"]), "",
+               _pass_line(tables["pass_at_1"]), "",
                "### Staleness", "", NAMED["staleness"].description + ".", "",
                _md_table(tables["staleness"]), ""]
         shown = _decision_plot(decisions, out / "decisions.png")
@@ -98,6 +99,15 @@ def write_report(db_path: str | Path = "results.duckdb", out_dir: str | Path = "
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def _pass_line(p) -> str:
+    """All decisions: Pass@1 before/after beside the counterfactual's (correct_cf)."""
+    def share(ok: str, n: str) -> str:
+        total = int(p[n].sum())
+        return f"{int(p[ok].sum()) / total:.2f} ({total} judged)" if total else "not judged"
+    return (f"Pass@1 of all decisions: before/after {share('correct', 'evaluated')}, "
+            f"counterfactual {share('correct_cf', 'evaluated_cf')} (`rudder agent judge RUN_DIR`).")
 
 
 # --- data ---------------------------------------------------------------------------------------
