@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -41,8 +41,10 @@ class DatasetConfig(Strict):
 
 
 class TrainConfig(Strict):
-    # the reference and DGL example defaults; one positive fanout per GNN layer
-    fanouts: list[Annotated[int, Field(gt=0)]] = Field([10, 25], min_length=1)
+    # Neighbours sampled per node, one entry per layer in DGL's order: the LAST entry is hop 1
+    # (neighbours of each seed), the first is the farthest hop. [10, 25] = 25 per seed, then 10
+    # per hop-1 node (the reference and DGL example defaults). "15,10" is accepted as [15, 10].
+    fanouts: list[int] = [10, 25]
     batch_size: int = Field(1000, gt=0)  # reference default (2000 in their Slurm runs)
     hidden: int = Field(16, gt=0)  # reference default: the model is small, communication dominates
     epochs: int = Field(3, gt=0)
@@ -56,9 +58,16 @@ class TrainConfig(Strict):
 
     @field_validator("fanouts", mode="before")
     @classmethod
-    def _comma_list(cls, v):
-        if isinstance(v, str):  # "15,10" as well as [15, 10]
-            return [x.strip() for x in v.split(",") if x.strip()] or v
+    def _fanouts_text(cls, v):
+        """`15,10` (a --set value or a YAML scalar) -> [15, 10]; each must be >= 1 or -1 (all)."""
+        if isinstance(v, (int, str)):
+            try:
+                v = [int(x) for x in str(v).replace(" ", "").split(",") if x]
+            except ValueError:
+                raise ValueError(f"fanouts: expected integers like 15,10, got {v!r}") from None
+        if isinstance(v, list) and (not v or any(isinstance(x, int) and (x == 0 or x < -1)
+                                                 for x in v)):
+            raise ValueError(f"fanouts: need one entry >= 1 (or -1 = all) per layer, got {v!r}")
         return v
 
 

@@ -21,7 +21,7 @@ def _ranks(run_dir: Path, stem: str) -> list[Path]:
 def summarize_run(run_dir: str | Path) -> dict:
     """Totals over every rank: remote rows (what `none` pulls), fetched rows, hits, Belady's
     hits on the recorded traces, mean epoch time (slowest rank), decisions, feature check."""
-    from rudder.prefetch.oracle import belady
+    from rudder.sim.oracle import belady
     from rudder.sim.trace import Trace, find_traces
 
     run_dir = Path(run_dir)

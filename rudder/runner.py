@@ -19,7 +19,6 @@ import ipaddress
 import json
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rudder.cluster.attempts import live_owner, owner_info, reconcile_run, set_aside_attempt  # noqa: F401 (re-exported)
 from rudder.config import ConfigError, RunConfig, check_name
 from rudder.records import host_info, read_jsonl, update_run_json, versions
 
@@ -113,10 +113,15 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     meta = json.loads((Path(cfg.dataset.root) / cfg.dataset.name / "meta.json").read_text())
     update_run_json(run_dir, status="running", part_config=str(Path(info.part_config).resolve()),
                     num_classes=meta.get("classes") or meta.get("num_classes"),
+                    classes_present=meta.get("classes_present"),  # distinct labels, if known
                     partition=info.manifest)
 
     c = cfg.cluster
-    service = agent_service_argv(cfg)
+    node_service = node_agent_service(cfg, launch)
+    service = None if node_service else agent_service_argv(cfg)
+    if node_service:
+        update_run_json(run_dir, agent_node_service={k: node_service.get(k) for k in
+                                                     ("pid", "port", "reused", "started_at")})
     spec = ClusterSpec(machines=c.machines, trainers_per_machine=c.trainers_per_machine,
                        bandwidth=c.bandwidth, netns=c.netns, start_timeout_s=c.start_timeout_s,
                        run_timeout_s=c.run_timeout_s,
@@ -137,7 +142,12 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
             cluster.watchdog = ProgressWatchdog(run_dir, c.progress_timeout_s, first_s=first_s,
                                                 local=not isinstance(cluster, SlurmCluster),
                                                 links=links)
-            res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service)
+            env = None
+            if node_service:  # the host, as each emulated machine reaches it: its bridge
+                host = net.bridge_address if net is not None else "127.0.0.1"
+                env = {"RUDDER_AGENT_URL": f"http://{host}:{node_service['port']}"}
+            res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service,
+                              env=env)
         ok, reason = res.ok, res.reason
     except ConfigError as exc:
         update_run_json(run_dir, status="failed", reason=f"input: {exc}", ended_at=time.time())
@@ -164,6 +174,22 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
     return RunResult(run_id, run_dir, ok, reason or "")
+
+
+def node_agent_service(cfg: RunConfig, launch=None) -> dict | None:
+    """The study's per-node agent service (started here by the first agent run on this node),
+    when the run uses the agent over HTTP inside a study that set RUDDER_AGENT_NODE_DIR and its
+    machines are emulated on this host; else None (single runs keep their own service)."""
+    from rudder.agent.service import NODE_DIR_ENV, ensure_node_service
+    from rudder.cluster.launch import Launch
+
+    node_dir = os.environ.get(NODE_DIR_ENV)
+    if (not node_dir or cfg.prefetch.policy != "agent" or cfg.agent.backend != "http"
+            or cfg.agent.url or Launch.of(launch).type != "local"):
+        return None
+    c, a = cfg.cluster, cfg.agent
+    return ensure_node_service(node_dir, a.model.name, a.model.path, a.threads, a.prompt,
+                               trainers=c.machines * c.trainers_per_machine)
 
 
 def agent_service_argv(cfg: RunConfig) -> list[str] | None:
@@ -303,92 +329,3 @@ def probe_agent_url(cfg: RunConfig, cluster) -> str:
             return (f"agent.url {url} unreachable from machine {m} (namespace {ns}, address "
                     f"{cluster.addresses[m]}): {(r.stdout or r.stderr).strip()[-300:]}")
     return ""
-
-
-# -- attempts and owners -----------------------------------------------------------------------
-
-def owner_info() -> dict:
-    from rudder.cluster.netns import process_start_time
-
-    return {"pid": os.getpid(), "start": process_start_time(os.getpid()),
-            "host": socket.gethostname()}
-
-
-# The study's files: its .lock (hidden) and block.log, the log of every attempt (one header each),
-# open as this very process's stdout when the study runs it.
-KEEP_IN_PLACE = frozenset({"block.log"})
-
-
-def set_aside_attempt(run_dir: Path) -> list[dict]:
-    """Moves what earlier attempts left in run_dir to run_dir/attempts/<n>/ (hidden files and
-    KEEP_IN_PLACE stay). Returns [{attempt, status, reason}] of every earlier attempt."""
-    attempts = run_dir / "attempts"
-    entries = [p for p in run_dir.iterdir()
-               if not p.name.startswith(".") and p != attempts and p.name not in KEEP_IN_PLACE]
-    if entries:
-        n = 1 + sum(1 for p in attempts.iterdir() if p.is_dir()) if attempts.is_dir() else 1
-        dest = attempts / str(n)
-        dest.mkdir(parents=True)
-        for p in entries:
-            shutil.move(str(p), dest / p.name)
-        log.info("run dir %s: earlier attempt moved to %s", run_dir, dest)
-    out = []
-    for d in sorted((p for p in attempts.iterdir() if p.is_dir() and p.name.isdigit()),
-                    key=lambda p: int(p.name)) if attempts.is_dir() else []:
-        try:
-            info = json.loads((d / "run.json").read_text())
-        except (OSError, ValueError):
-            info = {}
-        out.append({"attempt": int(d.name), "status": info.get("status"),
-                    "reason": info.get("reason")})
-    return out
-
-
-def live_owner(run_dir: Path) -> int | None:
-    """The pid of a live process that owns the unfinished run in run_dir, else None."""
-    from rudder.cluster.netns import process_alive
-
-    try:
-        info = json.loads((Path(run_dir) / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    owner = info.get("owner") or {}
-    if info.get("status") in ("preparing", "running") and owner.get("pid") and \
-            owner.get("host") in (None, socket.gethostname()) and \
-            process_alive(int(owner["pid"]), owner.get("start")) and owner["pid"] != os.getpid():
-        return int(owner["pid"])
-    return None
-
-
-def reconcile_run(run_dir: str | Path) -> str | None:
-    """A run.json left `preparing`/`running` by an owner that is gone (SIGKILL, a crash, a reboot)
-    becomes `failed: interrupted`, and the namespaces of clusters whose owner is gone are removed
-    (only those). Returns the new status line, or None when nothing changed."""
-    from rudder.cluster.netns import process_alive
-
-    path = Path(run_dir) / "run.json"
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    owner = info.get("owner") or {}
-    if info.get("status") not in ("preparing", "running") or not owner.get("pid"):
-        return None
-    if owner.get("host") not in (None, socket.gethostname()):
-        return None  # another host's run: its owner cannot be checked from here
-    if process_alive(int(owner["pid"]), owner.get("start")):
-        return None
-    reason = f"interrupted (owner pid {owner['pid']} gone while {info['status']})"
-    update_run_json(Path(run_dir), status="failed", reason=reason,
-                    ended_at=info.get("ended_at") or time.time())
-    log.warning("run %s: %s", Path(run_dir).name, reason)
-    if os.geteuid() == 0:
-        from rudder.cluster.netns import cleanup_stale
-
-        try:
-            removed = cleanup_stale()
-            if removed:
-                log.info("removed what dead owners left: %s", ", ".join(removed))
-        except Exception as exc:  # cleanup is a courtesy here; the next cluster retries it
-            log.warning("stale cluster cleanup failed: %s", exc)
-    return f"failed: {reason}"

@@ -51,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     policy = make_policy(pc, agent=cfg.agent)
     feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
     train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc)
-    model, opt = make_model(part, tc, int(run.get("num_classes") or 0), device)
+    classes = int(run.get("num_classes") or 0)
+    model, opt = make_model(part, tc, classes, device)
+    # one class (e.g. an import whose labels are all 0): accuracy would read 1.000 and mean
+    # nothing, so none is reported
+    one_class = classes < 2 or run.get("classes_present") == 1
+    if one_class:
+        log.warning("rank %d: the labels have one class: accuracy is not reported", part.rank)
     ctx = start_policy(policy, cfg, part, feats, fill.capacity, steps_per_epoch, full_steps, args.run_dir, device)
     trace = trace_writer(args.run_dir, part, feats, fill.capacity) if pc.record_trace else None
     pipe = MinibatchPipeline(
@@ -92,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             totals.add(rec)
         t_epoch = time.perf_counter() - t_epoch
         val_acc = None
-        if tc.eval_every and (epoch + 1) % tc.eval_every == 0 or epoch == tc.epochs - 1:
+        if not one_class and (tc.eval_every and (epoch + 1) % tc.eval_every == 0
+                              or epoch == tc.epochs - 1):
             val_acc = evaluate(model, part.loader(part.val_nids, tc, shuffle=False), part.feat, part.labels, device)
-        er = totals.record(epoch, t_epoch=t_epoch, train_acc=correct / max(total, 1), val_acc=val_acc,
+        train_acc = None if one_class else correct / max(total, 1)
+        er = totals.record(epoch, t_epoch=t_epoch, train_acc=train_acc, val_acc=val_acc,
                            initial_fill_rows=fill.rows if epoch == 0 else 0,
                            t_initial_fill=fill.seconds if epoch == 0 else 0.0)
         out.epochs.write(er.to_dict())
@@ -353,7 +361,7 @@ def log_epoch(er) -> None:
     log.info("epoch %d: %.2fs (sample %.2f | fetch %.2f | buffer %.3f | policy %.4f | compute %.2f | stall %.2f) "
              "loss %.3f train %.3f val %s hit %.3f fetched %d/%d remote rows",
              er.epoch, er.t_epoch, er.t_sample, er.t_fetch, er.t_buffer, er.t_policy or 0.0, er.t_compute,
-             er.t_stall, er.loss or 0.0, er.train_acc, f"{er.val_acc:.3f}" if er.val_acc is not None else "-",
+             er.t_stall, er.loss or 0.0, er.train_acc or 0.0, f"{er.val_acc:.3f}" if er.val_acc is not None else "-",
              er.hits / max(er.remote_rows, 1), er.fetched_rows, er.remote_rows)
 
 

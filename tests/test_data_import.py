@@ -103,23 +103,164 @@ def test_random_split_and_unlabeled(tmp_path, raw):
     assert store.read_meta("r", tmp_path)["split"].startswith("random")
 
 
-def test_no_features_no_labels_placeholders(tmp_path, raw):
+def test_no_labels_is_an_error_unless_generated(tmp_path, raw):
     src, dst, _, _ = raw
     edges = write_edges(tmp_path, "npz", src, dst)
-    importers.import_edge_list(edges, "bare", tmp_path, symmetric=False)
+    with pytest.raises(ValueError, match=r"no labels given.*--generate-labels"):
+        importers.import_edge_list(edges, "bare", tmp_path, symmetric=False)
+    assert not store.is_staged("bare", tmp_path)
+    importers.import_edge_list(edges, "bare", tmp_path, symmetric=False, generate_labels=True)
     g = store.load_graph("bare", tmp_path)
     assert g.num_edges() == len(src)  # kept as given
     meta = store.read_meta("bare", tmp_path)
     assert meta["placeholders"] == ["feat", "label"] and g.ndata["feat"].shape[0] == N
+    label = g.ndata["label"].numpy()
+    # generated: the argmax class of a random map of the neighbours' mean features
+    assert meta["classes_present"] == len(np.unique(label)) > 1
+    s, d = g.edges()
+    feat = g.ndata["feat"].numpy()
+    want = importers.generated_labels(s.numpy(), d.numpy(), N, feat, seed=0)
+    assert np.array_equal(label, want)
+
+
+def test_one_class_labels_are_recorded(tmp_path, raw):
+    src, dst, _, _ = raw
+    edges = write_edges(tmp_path, "npz", src, dst)
+    np.save(tmp_path / "zeros.npy", np.zeros(N, dtype=np.int64))
+    importers.import_edge_list(edges, "one", tmp_path, labels=tmp_path / "zeros.npy")
+    assert store.read_meta("one", tmp_path)["classes_present"] == 1  # runs refuse accuracy
+
+
+def test_npz_num_nodes_keeps_trailing_isolated_nodes(tmp_path):
+    np.savez(tmp_path / "e.npz", src=np.array([0, 1]), dst=np.array([1, 2]), num_nodes=10)
+    np.save(tmp_path / "y.npy", np.arange(10) % 2)
+    importers.import_edge_list(tmp_path / "e.npz", "iso", tmp_path, labels=tmp_path / "y.npy")
+    assert store.load_graph("iso", tmp_path).num_nodes() == 10
+    np.savez(tmp_path / "bad.npz", src=np.array([0, 11]), dst=np.array([1, 2]), num_nodes=10)
+    with pytest.raises(ValueError, match="node id 11 is out of range"):
+        importers.import_edge_list(tmp_path / "bad.npz", "bad", tmp_path, generate_labels=True)
+
+
+SNAP = """# Directed graph (each unordered pair of nodes is saved once): web-Tiny.txt
+# Nodes: 6 Edges: 5
+# FromNodeId	ToNodeId
+0	1
+1	2
+2	3
+# a comment further down
+3	4
+4	5
+"""
+KONECT = """% sym unweighted
+% 5 6 6
+0 1 1 1234
+1 2 1 1235
+2  3 1 1236
+3 4 1 1237
+4 5 1 1238
+"""
+
+
+@pytest.mark.parametrize("name,text,kw", [
+    ("web-Tiny.txt", SNAP, {}),
+    ("out.tiny", KONECT, {}),
+    ("plain.csv", "0,1\n1,2\n2,3\n3,4\n4,5\n", {}),
+    ("named.csv", "w,from,to\n9,0,1\n9,1,2\n9,2,3\n9,3,4\n9,4,5\n",
+     {"src_col": "from", "dst_col": "to"}),
+    ("cols.tsv", "7\t0\t1\n7\t1\t2\n7\t2\t3\n7\t3\t4\n7\t4\t5\n",
+     {"src_col": "1", "dst_col": "2"}),
+])
+def test_text_edge_lists_as_users_have_them(tmp_path, name, text, kw):
+    p = tmp_path / name
+    p.write_text(text)
+    src, dst = importers.read_edge_list(p, **kw)
+    assert list(zip(src.tolist(), dst.tolist())) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+
+
+def test_snap_gz_through_the_cli_with_split_fractions(tmp_path):
+    from rudder.cli import main
+
+    p = tmp_path / "web-Tiny.txt.gz"
+    rng = np.random.default_rng(0)
+    lines = "".join(f"{a}\t{b}\n" for a, b in rng.integers(0, 200, (800, 2)))
+    with gzip.open(p, "wt") as f:
+        f.write("# Directed graph\n# FromNodeId\tToNodeId\n" + lines + "199\t0\n")
+    root = str(tmp_path / "data")
+    assert main(["data", "import", "--name", "snap", "--edges", str(p), "--generate-labels",
+                 "--split", "0.8,0.1,0.1", "--root", root]) == 0
+    g = store.load_graph("snap", root)
+    assert g.num_nodes() == 200
+    counts = [int(g.ndata[k].sum()) for k in ("train_mask", "val_mask", "test_mask")]
+    assert counts == [160, 20, 20]
+    assert store.read_meta("snap", root)["split"] == "random(0.8, 0.1, 0.1)"
+
+
+def test_cli_import_errors_name_the_fix(tmp_path, capsys):
+    from rudder.cli import main
+
+    p = tmp_path / "e.txt"
+    p.write_text("0 1\n1 2\n")
+    root = str(tmp_path / "data")
+    assert main(["data", "import", "--name", "x", "--edges", str(p), "--root", root]) == 2
+    assert "--generate-labels" in capsys.readouterr().err
+    assert main(["data", "import", "--name", "x", "--edges", str(p), "--generate-labels",
+                 "--split", "0.8,0.3,0.1", "--root", root]) == 2
+    assert "0.8,0.3,0.1" in capsys.readouterr().err
+
+
+def test_fanouts_accepted_as_text():
+    from rudder.config import RunConfig, TrainConfig
+
+    assert TrainConfig(fanouts="15,10").fanouts == [15, 10]
+    assert TrainConfig(fanouts=[5]).fanouts == [5]
+    with pytest.raises(ValueError, match="fanouts"):
+        TrainConfig(fanouts="15,x")
+    with pytest.raises(ValueError, match="fanouts"):
+        TrainConfig(fanouts="0,10")
+    assert RunConfig.model_validate({"train": {"fanouts": "15,10"}}).train.fanouts == [15, 10]
+
+
+def test_help_texts_name_real_commands():
+    import argparse
+    import re
+
+    from rudder.cli import build_parser
+
+    parser = build_parser()
+
+    def subs(p):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                return a.choices
+        return {}
+
+    top = subs(parser)
+    seen = 0
+
+    def walk(p, path):
+        nonlocal seen
+        text = p.format_help() + (p.epilog or "")
+        for m in re.finditer(r"`?rudder ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?", text):
+            seen += 1
+            cmd, sub = m.group(1), m.group(2)
+            assert cmd in top, f"{' '.join(path)} --help names `rudder {cmd}`"
+            nested = subs(top[cmd])
+            assert not (nested and sub and sub not in nested), \
+                f"{' '.join(path)} --help names `rudder {cmd} {sub}`"
+        for name, child in subs(p).items():
+            walk(child, path + [name])
+
+    walk(parser, ["rudder"])
+    assert seen > 0
 
 
 def test_already_staged_needs_overwrite(tmp_path, raw):
     src, dst, _, _ = raw
     edges = write_edges(tmp_path, "npz", src, dst)
-    importers.import_edge_list(edges, "x", tmp_path)
+    importers.import_edge_list(edges, "x", tmp_path, generate_labels=True)
     with pytest.raises(ValueError, match="already staged"):
-        importers.import_edge_list(edges, "x", tmp_path)
-    importers.import_edge_list(edges, "x", tmp_path, overwrite=True)
+        importers.import_edge_list(edges, "x", tmp_path, generate_labels=True)
+    importers.import_edge_list(edges, "x", tmp_path, overwrite=True, generate_labels=True)
 
 
 # ------------------------------------------------------------------------- errors
@@ -127,7 +268,8 @@ def test_already_staged_needs_overwrite(tmp_path, raw):
 def _import_csv(tmp_path, text, **kw):
     p = tmp_path / "bad.csv"
     p.write_text(text)
-    return importers.import_edge_list(p, "bad", tmp_path / "data", **kw), p
+    return importers.import_edge_list(p, "bad", tmp_path / "data", generate_labels=True,
+                                      **kw), p
 
 
 @pytest.mark.parametrize("text,match", [
@@ -156,7 +298,7 @@ def test_feature_rows_mismatch(tmp_path, raw):
     np.save(tmp_path / "feat.npy", feat[:-1])
     with pytest.raises(ValueError, match=r"feat\.npy.*59 rows.*60 nodes"):
         importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "feat.npy",
-                                   num_nodes=N)
+                                   num_nodes=N, generate_labels=True)
     np.save(tmp_path / "labels.npy", labels)
     with pytest.raises(ValueError, match="row counts differ"):
         importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "feat.npy",
@@ -164,28 +306,33 @@ def test_feature_rows_mismatch(tmp_path, raw):
     small = np.zeros((10, 2), np.float32)
     np.save(tmp_path / "small.npy", small)
     with pytest.raises(ValueError, match=r"edges\.csv: node id 59 is out of range"):
-        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "small.npy")
+        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "small.npy",
+                                   generate_labels=True)
 
 
 def test_missing_files(tmp_path, raw):
     with pytest.raises(FileNotFoundError, match="nothere.csv"):
-        importers.import_edge_list(tmp_path / "nothere.csv", "m", tmp_path)
+        importers.import_edge_list(tmp_path / "nothere.csv", "m", tmp_path, generate_labels=True)
     edges = write_edges(tmp_path, "csv", *raw[:2])
     with pytest.raises(FileNotFoundError, match="nofeat.npy"):
-        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "nofeat.npy")
+        importers.import_edge_list(edges, "m", tmp_path, features=tmp_path / "nofeat.npy",
+                                   generate_labels=True)
 
 
 def test_bad_split(tmp_path, raw):
     edges = write_edges(tmp_path, "csv", *raw[:2])
     np.savez(tmp_path / "s.npz", train=[0, 1], val=[1], test=[2])
     with pytest.raises(ValueError, match="overlap"):
-        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s.npz")
+        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s.npz",
+                                   generate_labels=True)
     np.savez(tmp_path / "s2.npz", train=[0, 1], test=[2])
     with pytest.raises(ValueError, match=r"s2\.npz: missing split array 'val'"):
-        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s2.npz")
+        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s2.npz",
+                                   generate_labels=True)
     np.savez(tmp_path / "s3.npz", train=[0, 100], val=[1], test=[2])
     with pytest.raises(ValueError, match="index 100 out of range"):
-        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s3.npz")
+        importers.import_edge_list(edges, "m", tmp_path, split=tmp_path / "s3.npz",
+                                   generate_labels=True)
 
 
 # ------------------------------------------------------------------------- public layouts
@@ -301,14 +448,15 @@ def test_cli_import_and_load(tmp_path, raw, capsys):
     np.save(tmp_path / "feat.npy", feat)
     root = str(tmp_path / "data")
     assert main(["data", "import", "--name", "cli", "--edges", str(edges), "--features",
-                 str(tmp_path / "feat.npy"), "--root", root]) == 0
+                 str(tmp_path / "feat.npy"), "--generate-labels", "--root", root]) == 0
     assert store.read_meta("cli", root)["feat_dim"] == 5
     assert main(["data", "import", "--name", "cli", "--edges", str(edges), "--root",
-                 root]) == 2
+                 root, "--generate-labels"]) == 2
     assert "already staged" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
-    assert main(["data", "import", "--name", "b", "--edges", str(bad), "--root", root]) == 2
+    assert main(["data", "import", "--name", "b", "--edges", str(bad), "--root", root,
+                 "--src-col", "src", "--header"]) == 2
     err = capsys.readouterr().err
     assert "bad.csv" in err and "missing column" in err
     assert main(["data", "load-ogb", "--name", "reddit", "--dir", str(tmp_path / "none"),

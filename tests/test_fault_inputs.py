@@ -385,3 +385,19 @@ def test_a_run_left_running_by_a_dead_owner_is_marked_interrupted(tmp_path):
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "failed" and "owner pid" in info["reason"]
     assert reconcile_run(run) is None  # once
+
+
+def test_rudder_collect_marks_a_dead_owners_run_interrupted(tmp_path):
+    from rudder.cluster.netns import process_start_time
+
+    p = subprocess.Popen(["true"])
+    start = process_start_time(p.pid)  # None once gone: any start time then counts as gone
+    p.wait()
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({
+        "run_id": "r", "status": "running", "config": RunConfig().model_dump(mode="json"),
+        "owner": {"pid": p.pid, "start": start, "host": socket.gethostname()}}))
+    cli("collect", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb"))
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "failed" and info["reason"].startswith("interrupted")

@@ -81,7 +81,7 @@ def test_default_agent_model_is_the_config_s():
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    from rudder.results.synthetic import write_synthetic_run
+    from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
 
     root = tmp_path_factory.mktemp("study")
     runs = root / "runs"

@@ -1,15 +1,24 @@
-"""write_report: Markdown tables + PNG plots; graceful on empty tables."""
+"""write_report: the answer first (numbers checked against DuckDB and Belady on the traces),
+PNG plots whose content is read back from the figure objects; graceful on empty tables."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from rudder.results.report import PLOTS, write_report
+from rudder.sim.oracle import belady
+from rudder.results.report import (PLOTS, decisions_figure, hit_rate_figure, hit_rate_series,
+                                   savings_figure, write_report)
+from rudder.results.optimum import versus_belady
+from rudder.results.queries import run_named
 from rudder.results.store import ResultsStore
 from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
+from rudder.sim.trace import Trace, TraceWriter
 
 PNG = b"\x89PNG\r\n\x1a\n"
+STEPS, EPOCHS = 10, 2
 
 
 def collect(db: Path, root: Path) -> None:
@@ -17,29 +26,155 @@ def collect(db: Path, root: Path) -> None:
         st.ingest_runs([root])
 
 
-def test_report_with_every_section(tmp_path):
-    root = tmp_path / "runs"
+def write_traces(run_dir: Path, ranks: int, seed: int) -> None:
+    """A small real trace per rank (as training writes them), one minibatch per record."""
+    rng = np.random.default_rng(seed)
+    for rank in range(ranks):
+        with TraceWriter(run_dir / f"trace-r{rank}.npz", halo=np.arange(400),
+                         init=np.arange(60), capacity=100, part_id=rank,
+                         num_parts=ranks) as w:
+            for g in range(STEPS * EPOCHS):
+                ids = np.unique(rng.integers(0, 500, 120))
+                w.add(g // STEPS, ids)
+
+
+@pytest.fixture(scope="module")
+def study_db(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    root = tmp / "runs"
     for m in (2, 4):
-        for pol in ("none", "static", "agent"):
-            write_synthetic_run(root, f"{pol}-{m}", machines=m, policy=pol, epochs=2, steps=10,
-                                window=5, study="s")
+        for i, pol in enumerate(("none", "static", "lookahead", "agent")):
+            d = write_synthetic_run(root, f"{pol}-{m}", machines=m, policy=pol, epochs=EPOCHS,
+                                    steps=STEPS, window=5, study="s", simulated=False)
+            write_traces(d, m, seed=10 * m + i)
     write_synthetic_run(root, "dead", policy="fixed", status="failed", reason="OOM killed",
-                        epochs=2, epochs_done=1, steps=10)
-    db = tmp_path / "r.duckdb"
+                        epochs=2, epochs_done=1, steps=STEPS, study="s")
+    db = tmp / "r.duckdb"
     collect(db, root)
-    path = write_report(db, tmp_path / "report")
-    text = path.read_text()
-    assert path.name == "report.md"
+    text = write_report(db, tmp / "report", study="s").read_text()
+    return tmp, db, root, text
+
+
+def answer(text: str) -> str:
+    return text.split("## The answer", 1)[1].split("## Plots", 1)[0]
+
+
+def policy_line(text: str, machines: int, policy: str) -> str:
+    section = answer(text).split(f", {machines} machines (", 1)[1].split("###", 1)[0]
+    return next(line for line in section.splitlines() if line.startswith(f"- **{policy}**"))
+
+
+def test_answer_numbers_come_from_the_database(study_db):
+    _, db, _, text = study_db
+    with ResultsStore(db, read_only=True) as st:
+        for m in (2, 4):
+            per_epoch = st.query(f"""
+                SELECT r.policy, avg(f) AS fetched, avg(t) AS epoch_s FROM (
+                  SELECT run_id, epoch, sum(fetched_rows) AS f, max(t_epoch) AS t
+                  FROM epochs GROUP BY ALL) e JOIN runs r USING (run_id)
+                WHERE r.machines = {m} AND r.status = 'complete' GROUP BY r.policy""")
+            v = per_epoch.set_index("policy")
+            for pol in ("static", "lookahead", "agent"):
+                line = policy_line(text, m, pol)
+                rows = v.loc[pol, "fetched"] / v.loc["none", "fetched"]
+                epoch = v.loc[pol, "epoch_s"] / v.loc["none", "epoch_s"]
+                assert f"{rows:.2f}× the rows and {epoch:.2f}× the epoch time" in line, line
+            # the bound: per minibatch max(sample, least compute over ranks), summed per rank,
+            # slowest rank
+            mbs = st.query(f"SELECT epoch, step, rank, t_sample, t_compute FROM minibatches "
+                           f"WHERE run_id = 'none-{m}'")
+            mbs["c"] = mbs.groupby(["epoch", "step"])["t_compute"].transform("min")
+            mbs["b"] = mbs[["t_sample", "c"]].max(axis=1)
+            bound = mbs.groupby(["epoch", "rank"])["b"].sum().groupby("epoch").max().mean()
+            assert f"its features-free bound {bound:.2f} s" in answer(text)
+    assert "**In short:**" in answer(text)
+
+
+def test_answer_compares_each_run_with_belady_on_its_trace(study_db):
+    _, db, root, text = study_db
+    with ResultsStore(db, read_only=True) as st:
+        hits = st.scalar("SELECT sum(hits) FROM minibatches WHERE run_id = 'lookahead-4'")
+    opt = sum(belady(Trace.load(p)).total_hits for p in (root / "lookahead-4").glob("trace-r*"))
+    assert f"{hits / opt:.2f} of Belady's hits" in policy_line(text, 4, "lookahead")
+    assert "Belady's optimum would fetch" in answer(text)
+
+
+def test_answer_says_what_the_agent_decided_and_why(study_db):
+    _, db, _, text = study_db
+    with ResultsStore(db, read_only=True) as st:
+        d = st.query("SELECT * FROM decisions JOIN runs USING (run_id) WHERE study = 's' "
+                     "AND runs.policy = 'agent'")
+    fb = d["fallback"].astype(bool)
+    ans = d[~fb]
+    a = answer(text)
+    assert (f"was asked {len(d)} times over 2 run(s): {len(ans)} answers "
+            f"({int(ans['replace'].astype(bool).sum())} replace") in a
+    assert f"{int(fb.sum())} fallbacks" in a
+    assert f"{len(ans)}× “synthetic”" in a  # the reasons, counted
+
+
+def test_report_files_and_sections(study_db):
+    tmp, _, _, text = study_db
     for name in PLOTS:
-        png = tmp_path / "report" / name
+        png = tmp / "report" / name
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 5000, name
         assert f"]({name})" in text
-    for heading in ("## Epoch time", "## Remote rows fetched", "## Hit rate",
-                    "### Pass@1", "### Staleness", "## Failed runs"):
+    for heading in ("## The answer", "## Plots", "## Details", "#### Pass@1", "### Failed runs"):
         assert heading in text
-    assert "| dataset | machines | policy |" in text
-    assert "OOM killed" in text and "7 runs: 6 complete, 1 failed." in text
-    assert "No agent runs" not in text
+    assert "OOM killed" in text and "9 runs: 8 complete, 1 failed." in text
+
+
+def test_savings_figure_shows_ratios_per_policy_and_machines(study_db):
+    _, db, _, _ = study_db
+    with ResultsStore(db, read_only=True) as st:
+        vs = run_named(st, "vs_none", "s")
+        bel, _, _ = versus_belady(st, "s")
+    fig = savings_figure(vs, bel)
+    rows_ax, epoch_ax = fig.axes[:2]
+    assert "remote rows fetched / none" in rows_ax.get_ylabel()
+    assert "epoch time / none" in epoch_ax.get_ylabel()
+    assert [t.get_text() for t in rows_ax.get_xticklabels()] == ["2 machines", "4 machines"]
+    labels = rows_ax.get_legend_handles_labels()[1]
+    assert [x for x in labels if x in ("static", "lookahead", "agent")] == \
+        ["static", "lookahead", "agent"]
+    assert "Belady's optimum" in labels and "DistDGL (none) = 1" in labels
+    assert "features-free bound" in epoch_ax.get_legend_handles_labels()[1]
+    bars = {c.get_label(): [p.get_height() for p in c.patches] for c in rows_ax.containers}
+    want = vs[vs["policy"] == "static"].sort_values("machines")["rows_ratio"].tolist()
+    assert bars["static"] == pytest.approx(want)
+    assert rows_ax.get_title() and epoch_ax.get_title()
+
+
+def test_hit_rate_figure_has_belady_beside_each_policy(study_db):
+    _, db, _, _ = study_db
+    with ResultsStore(db, read_only=True) as st:
+        hits = hit_rate_series(st, "s")
+        bel, steps, _ = versus_belady(st, "s")
+    fig = hit_rate_figure(hits, bel, steps)
+    assert len(fig.axes) == 2
+    for ax, m in zip(fig.axes, (2, 4)):
+        assert f"{m} machines" in ax.get_title()
+        assert ax.get_ylabel().startswith("%-hits") and "minibatch" in ax.get_xlabel()
+        names = [ln.get_label() for ln in ax.get_lines()]
+        assert names == ["static", "lookahead", "agent", "Belady's optimum"]
+        ys = ax.get_lines()[-1].get_ydata()
+        assert np.all((ys >= 0) & (ys <= 100))
+
+
+def test_decisions_figure_marks_every_decision_with_its_reason(study_db):
+    _, db, _, _ = study_db
+    with ResultsStore(db, read_only=True) as st:
+        dec = run_named(st, "agent_decisions", "s")
+        hits = hit_rate_series(st, "s")
+        bel, steps, _ = versus_belady(st, "s")
+    fig, shown = decisions_figure(dec, hits, bel, steps)
+    assert shown == 2
+    for ax in fig.axes:
+        run = re.search(r"agent run (\S+)", ax.get_title()).group(1)
+        marks = sum(len(c.get_offsets()) for c in ax.collections)
+        assert marks == int((dec["run_id"] == run).sum())
+        assert any("synthetic" in t.get_text() for t in ax.texts)
+        assert "%-hits" in ax.get_ylabel()
 
 
 def test_report_without_agent_runs_says_so(tmp_path):
@@ -58,8 +193,9 @@ def test_report_without_agent_runs_says_so(tmp_path):
     assert "study `s`" in text and "2 runs: 2 complete." in text
     assert "OOM killed" not in text and "None: every collected run completed." in text
     assert "No agent runs: no decision records in the database." in text
+    assert "Belady's optimum is missing for 2 run(s)" in text  # no traces written
     assert not (out / "decisions.png").exists()
-    assert (out / "epoch_time.png").exists() and (out / "hit_rate.png").exists()
+    assert (out / "savings.png").exists() and (out / "hit_rate.png").exists()
 
 
 def test_report_on_an_empty_database(tmp_path):
@@ -68,7 +204,7 @@ def test_report_on_an_empty_database(tmp_path):
         pass
     text = write_report(db, tmp_path / "report").read_text()
     assert "No runs collected" in text
-    assert "No complete runs with epoch records." in text
+    assert "No complete runs with epoch records" in text
     assert "No agent runs" in text
     assert not any((tmp_path / "report" / p).exists() for p in PLOTS)
 

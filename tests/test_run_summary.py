@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from rudder.records import read_jsonl
-from rudder.results.synthetic import write_synthetic_run
+from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
 from rudder.run_summary import format_summary, summarize_run
 from rudder.sim.simulate import simulate, write_sim_run
 from rudder.sim.tracegen import random_trace

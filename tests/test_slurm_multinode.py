@@ -68,7 +68,7 @@ def mpi_execution(sc: NetnsSlurmCluster, max_workers: int) -> dict:
             "heartbeat_threshold": 60,
             "provider": {
                 "type": "SlurmProvider", "account": "test", "qos": "debug",
-                "nodes_per_block": NODES, "exclusive": True, "walltime": "00:40:00",
+                "nodes_per_block": NODES, "exclusive": True, "walltime": "00:30:00",
                 "init_blocks": 0, "min_blocks": 0, "max_blocks": 1, "cmd_timeout": 30,
                 "worker_init": "",  # the job inherits PATH/PYTHONPATH/SLURM_CONF
                 "launcher": {"type": "SimpleLauncher"}}}},

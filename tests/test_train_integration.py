@@ -141,3 +141,26 @@ def test_agent_policy_end_to_end(tmp_path, data_root):
     assert judged  # self-reflection: predictions checked against the next window
     windows = read_jsonl(res.run_dir / "windows-r0.jsonl")
     assert windows and all(0 <= w["hit_rate"] <= 1 for w in windows)
+
+
+def test_one_class_labels_report_no_accuracy(tmp_path, data_root):
+    """An imported graph whose labels are all one class: the run completes and reports no
+    accuracy (1.000 would mean nothing)."""
+    import numpy as np
+
+    from rudder.data.importers import import_edge_list
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    np.savez(tmp_path / "e.npz", src=rng.integers(0, n, 20000), dst=rng.integers(0, n, 20000),
+             num_nodes=n)
+    np.save(tmp_path / "y.npy", np.zeros(n, dtype=np.int64))
+    import_edge_list(tmp_path / "e.npz", "one-class", data_root, labels=tmp_path / "y.npy")
+    cfg = make_cfg(tmp_path, data_root, 2, epochs=1).model_copy(deep=True)
+    cfg.dataset.name = "one-class"
+    res = execute_run(cfg)
+    assert res.ok, res.reason
+    for r in range(2):
+        (epoch,) = read_jsonl(res.run_dir / f"epochs-r{r}.jsonl")
+        assert epoch["train_acc"] is None and epoch["val_acc"] is None
+        assert epoch["minibatches"] > 0

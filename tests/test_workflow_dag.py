@@ -215,8 +215,8 @@ def test_cli_dry_run_and_bad_study(tmp_path):
     assert out.returncode == (2 if errors else 0), out.stderr
     assert all("agent.model" in ln and "scripts/models.sh" in ln for ln in errors), out.stderr
     text = out.stdout
-    assert text.count("stage_dataset ") == 1 and text.count("train_block ") == 15
-    assert text.count("partition_graph ") == 3  # synth-tiny x {1, 2, 4}
+    assert text.count("stage_dataset ") == 1 and text.count("train_block ") == 10
+    assert text.count("partition_graph ") == 2  # synth-medium x {2, 4}
     assert "collect_metrics after each run, one at a time [collector]" in text
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndatasets: [synth-tiny]\nmachines: [1]\npolicies: [none]\n"

@@ -80,6 +80,11 @@ def test_runs_at_once_times_the_largest_run_must_fit_a_block():
         fit_study(slurm_ex(walltime="02:00:00", max_workers=1, nodes=2, stage_on="cpu"),
                   study())
     fit_study(slurm_ex(walltime="02:00:00", max_workers=2, stage_on="cpu"), study())  # fits
+    # where the study's NodeGate admits runs (no endpoint), only the largest run must fit a block
+    fit_study(slurm_ex(walltime="02:00:00", max_workers=4, stage_on="cpu"), study(), gated=True)
+    with pytest.raises(ConfigError, match="takes 4 node\\(s\\) > provider.nodes_per_block 2"):
+        fit_study(slurm_ex(walltime="02:00:00", max_workers=1, nodes=2, stage_on="cpu"), study(),
+                  gated=True)
 
 
 def test_cpu_work_never_on_gpu_blocks_and_debug_qos_limit():
@@ -130,7 +135,13 @@ def test_cli_names_missing_variables_before_anything_starts(tmp_path):
                                  "--runs-dir", str(tmp_path / "runs"), "--set",
                                  f"dataset.root={tmp_path}/data", "--dry-run"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    # the DAG is printed; then the inputs a NERSC user stages first (the OGB dataset under the data
+    # root, the model file) are named, and the dry run exits 2 (rudder.runner.preflight)
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error: run " in ln]
+    assert errors and all("dataset.name: unknown dataset 'ogbn-products'" in ln
+                          or "agent.model: model file for 'gemma3-4b' not found: /m" in ln
+                          for ln in errors), proc.stderr
     assert "stage_dataset ogbn-products" in proc.stdout and "[cpu]" in proc.stdout
     assert "drain 3300 s" in proc.stdout
     assert not (tmp_path / "runs").exists()

@@ -134,10 +134,15 @@ def test_default_study_is_small_and_complete():
     # collect only gathers the classifiers' training data)
     assert policies == {"none", "static", "fixed", "lookahead", "agent"}
     assert policies <= set(REGISTRY)
-    assert {r.point["machines"] for r in study.runs} == {1, 2, 4}
-    assert {r.dataset for r in study.runs} <= {"synth-tiny", "synth-small"}
-    assert len(study.runs) <= 20
-    assert all(r.config.train.epochs <= 2 for r in study.runs)
+    # a graph and a shaped link where communication matters; the agent on one model server
+    # per node (loaded once for the study)
+    assert {r.point["machines"] for r in study.runs} == {2, 4}
+    assert {r.dataset for r in study.runs} == {"synth-medium"}
+    assert {r.config.cluster.bandwidth for r in study.runs} == {"25mbit"}
+    assert len(study.runs) == 10
+    assert all(r.config.train.epochs <= 3 for r in study.runs)
+    agent = [r.config.agent for r in study.runs if r.point["policy"] == "agent"]
+    assert all(a.backend == "http" and not a.url for a in agent)
     big = load_study(CONFIGS / "studies" / "local_synth_small.yaml", base)
     assert {r.point["policy"] for r in big.runs} == policies
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -114,7 +115,8 @@ def load_inputs(args):
         set_dotted(run, key, value)
     cfg = cfg.model_copy(update={"run": run})
     study = expand(cfg, base, args.study, runs_dir=args.runs_dir)
-    ex = fit_study(ex, study)  # the same values make the endpoint's blocks (with_endpoint)
+    # the same values make the endpoint's blocks (with_endpoint); locally the NodeGate admits runs
+    ex = fit_study(ex, study, gated=not args.endpoint)
     if args.endpoint:
         ex = with_endpoint(ex, args.endpoint)
     return study, ex
@@ -133,8 +135,16 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
     from rudder.workflow.execution import build_parsl_config, prepare_environment
     from rudder.workflow.gate import gate_apps
 
+    from rudder.agent.service import NODE_DIR_ENV, stop_node_services
+
     dag = StudyDAG(study, ex, runs_dir, db, report_dir, remote=remote, rerun=rerun)
     prepare_environment(REPO)
+    # One agent service per node for the whole study (the first agent run on a node starts it,
+    # the others use it): where they are recorded, inherited by Parsl's workers and the runs.
+    node_dir = None
+    if not remote:
+        node_dir = (Path(runs_dir) / study.name / "agent-node").resolve()
+        os.environ[NODE_DIR_ENV] = str(node_dir)
     # (with an endpoint RUNS_DIR names the endpoint's filesystem: Parsl's logs stay here)
     parsl_dir = ex.parsl_run_dir or ("runinfo" if remote else str(Path(runs_dir) / study.name / "runinfo"))
     config = build_parsl_config(ex, run_dir=parsl_dir, globus_executor_factory=globus_executor_factory)
@@ -147,6 +157,10 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
     finally:
         dfk.cleanup()
         parsl.clear()
+        if node_dir is not None:  # the block has ended: its node services go with it
+            if stop_node_services(node_dir):
+                log.info("stopped the agent node service(s) in %s", node_dir)
+            os.environ.pop(NODE_DIR_ENV, None)
     return dag
 
 

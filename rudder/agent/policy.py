@@ -70,6 +70,23 @@ def service_url(cfg: AgentConfig) -> str | None:
     return url
 
 
+def wait_http(url: str, timeout_s: float, stop: threading.Event | None = None) -> float:
+    """Waits until the OpenAI-compatible service at `url` lists its models (bounded); returns
+    the seconds waited."""
+    import urllib.request
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s and not (stop is not None and stop.is_set()):
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=2.0) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 def fallback_policy(name: str, cfg: PrefetchConfig, ctx: RunContext) -> Policy:
     """The policy that steers before the first answer and after bad ones (`name` as in
     AgentConfig.fallback, "auto" resolved for this run), set up: AgentPolicy uses it, and the
@@ -108,6 +125,7 @@ class AgentPolicy(Policy):
         self.dropped_windows = 0
         self._load_error: str | None = None
         self._ready = threading.Event()  # set when the model is loaded and warmed (or failed to)
+        self._wait_service = False  # setup(): our maker talks to a service that may be loading
 
     # ---- Policy interface -----------------------------------------------------------------
     def setup(self, ctx: RunContext) -> None:
@@ -122,6 +140,7 @@ class AgentPolicy(Policy):
         if self._maker is None:
             if self._url or a.backend == "http":
                 self._maker = DecisionMaker.from_config(a, url=self._url)
+                self._wait_service = self._url is not None  # it may still be loading its model
             else:
                 from rudder.agent.models import resolve_model
 
@@ -307,6 +326,10 @@ class AgentPolicy(Policy):
             if self._maker is not None and self._maker.backend.name == "inproc":
                 dt = self._maker.warm(warm_prompt(self.agent_cfg.prompt))
                 log.info("agent model loaded and warmed in %.1f s", dt)
+        if self._wait_service:  # a service may still be loading its model
+            dt = wait_http(self._url, self.agent_cfg.ready_timeout_s, self._stop)
+            if dt > 0.05:
+                log.info("agent service at %s answered after %.1f s", self._url, dt)
         self._ready.set()
         while not self._stop.is_set():
             try:

@@ -8,6 +8,13 @@ reach it through the http backend: the cluster exports RUDDER_AGENT_URL=<service
 The paper's reference ran one Ollama server per rank on the trainer's GPU; one per node on spare
 cores keeps the model's memory and threads off the trainers.
 
+Per node, for a whole study (`ensure_node_service`): the first agent run that lands on a node
+starts one detached service there (a file lock keeps it to one), bound to every interface so
+that each run's emulated machines reach it at their own bridge address; later agent runs find
+it running and ready, so the model load is paid once per node per study; the study stops it at
+its end (`stop_node_services`). Its llama.cpp threads are pinned to the node's last cores when
+the node has cores to spare (`spare_cpus`); on a 2-core host they share the trainers' cores.
+
 Per machine (what the cluster launcher runs; RUDDER_MACHINE_ADDR is the node's address):
     python -m rudder.agent.service --model qwen2.5-coder-0.5b [--port 8431] [--threads 1]
 Once the server answers (and its prompt prefix is warmed) it writes its URL to
@@ -57,9 +64,12 @@ class AgentService:
     def __init__(self, model_path: str | Path, host: str = "127.0.0.1", port: int | None = None,
                  threads: int = 1, n_ctx: int = N_CTX, chat_format: str | None = None,
                  ready_timeout_s: float = 60.0, log_path: str | Path | None = None,
-                 model_alias: str | None = None):
-        if host in ("0.0.0.0", "::", ""):
-            raise ValueError("AgentService binds to one address (the node's or loopback), not all")
+                 model_alias: str | None = None, all_interfaces: bool = False,
+                 cpus: list[int] | None = None):
+        if host in ("0.0.0.0", "::", "") and not all_interfaces:
+            raise ValueError("AgentService binds to one address (the node's or loopback), not all"
+                             " (all_interfaces=True: the per-node service of a local study)")
+        self.cpus = list(cpus) if cpus else None  # pin the server's threads to these cores
         self.model_path = str(model_path)
         self.host = host
         self._auto_port = not port  # chosen here: another may take it before the server binds
@@ -75,7 +85,8 @@ class AgentService:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
 
     def argv(self) -> list[str]:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path,
@@ -100,8 +111,11 @@ class AgentService:
                 out = subprocess.DEVNULL
             log.info("starting agent service %s on %s", Path(self.model_path).name, self.url)
             # Own process group: stop() takes the server and anything it spawned.
+            cpus = self.cpus
+            pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
             self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=pin)
             try:
                 self._wait_ready()
                 return self
@@ -203,14 +217,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", default=None, help="server log file")
     ap.add_argument("--no-warm", action="store_true", help="skip caching the prompt prefix at start")
     ap.add_argument("--prompt", default="default", help="prompt variant whose prefix is warmed")
+    ap.add_argument("--all-interfaces", action="store_true",
+                    help="bind 0.0.0.0 (the per-node service of a local study: each run's "
+                    "emulated machines reach it at their bridge address)")
+    ap.add_argument("--cpus", default=None, help="pin the model's threads to these cores, "
+                    "e.g. 6,7 (default: not pinned)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rudder.agent.models import resolve
 
     path = resolve(args.model, args.model_path)
-    svc = AgentService(path, host=args.host or node_address(), port=args.port, threads=args.threads,
+    host = "0.0.0.0" if args.all_interfaces else (args.host or node_address())
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
+    svc = AgentService(path, host=host, port=args.port, threads=args.threads,
                        chat_format=args.chat_format, ready_timeout_s=args.ready_timeout,
-                       log_path=args.log, model_alias=args.model)
+                       log_path=args.log, model_alias=args.model,
+                       all_interfaces=args.all_interfaces, cpus=cpus)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -228,6 +250,115 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             done.wait(1.0)
     return 0
+
+
+# -- the per-node service of a study ------------------------------------------------------------
+
+NODE_DIR_ENV = "RUDDER_AGENT_NODE_DIR"  # set by the study: where node services are recorded
+
+
+def spare_cpus(threads: int, trainers: int) -> list[int] | None:
+    """The cores to pin the model's threads to: the node's last `threads` cores when it has at
+    least one core per trainer besides them (else None: not pinned, on a small host they share)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < threads + max(1, trainers):
+        return None
+    return cpus[-threads:]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:  # reap it if it is our child (a zombie still answers kill(pid, 0))
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:
+            pass
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def ensure_node_service(state_dir: str | Path, model: str, model_path: str | None = None,
+                        threads: int = 1, prompt: str = "default", trainers: int = 1,
+                        ready_timeout_s: float = 600.0) -> dict:
+    """The study's agent service on this node: started by the first caller (detached, its own
+    session, so it outlives the run that started it), found running by the next ones. Returns
+    its record {pid, port, model, ready_file, started_at, cpus}. Does not wait for the model:
+    trainers wait for it to answer (agent.ready_timeout_s)."""
+    import fcntl
+
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    node = socket.gethostname()
+    state = state_dir / f"{node}.json"
+    with open(state_dir / f"{node}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if state.exists():
+            rec = json.loads(state.read_text())
+            if _alive(int(rec["pid"])) and rec.get("model") == model:
+                rec["reused"] = True
+                return rec
+            stop_node_services(state_dir, only=state)  # dead, or another model: replace it
+        port = free_port("0.0.0.0")
+        ready = state_dir / f"{node}.ready"
+        ready.unlink(missing_ok=True)
+        cpus = spare_cpus(threads, trainers)
+        argv = [sys.executable, "-m", "rudder.agent.service", "--model", model,
+                *(["--path", model_path] if model_path else []), "--all-interfaces",
+                "--port", str(port), "--threads", str(threads), "--prompt", prompt,
+                "--ready-timeout", str(ready_timeout_s),
+                *(["--cpus", ",".join(map(str, cpus))] if cpus else [])]
+        env = {**os.environ, "RUDDER_READY_FILE": str(ready)}
+        for k in ("RUDDER_MACHINE_ADDR", "RUDDER_SERVICE_ID"):
+            env.pop(k, None)
+        with open(state_dir / f"{node}.log", "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        rec = {"pid": proc.pid, "port": port, "model": model, "node": node,
+               "ready_file": str(ready), "started_at": time.time(), "cpus": cpus,
+               "log": str(state_dir / f"{node}.log"), "reused": False}
+        state.write_text(json.dumps(rec))
+        log.info("agent node service for %s starting on port %d (pid %d)%s", model, port,
+                 proc.pid, f", pinned to cores {cpus}" if cpus else "")
+        return rec
+
+
+def stop_node_services(state_dir: str | Path, only: Path | None = None,
+                       timeout_s: float = 10.0) -> int:
+    """Stops the node services recorded in `state_dir` (by pid: TERM to its process group, then
+    KILL) and removes their records; returns how many were running."""
+    stopped = 0
+    for state in ([only] if only else sorted(Path(state_dir).glob("*.json"))):
+        try:
+            rec = json.loads(state.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(rec.get("pid", 0))
+        if pid and _alive(pid):
+            stopped += 1
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not _wait_gone(pid, timeout_s):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                _wait_gone(pid, 5.0)
+        state.unlink(missing_ok=True)
+        Path(rec.get("ready_file", "")).unlink(missing_ok=True) if rec.get("ready_file") else None
+    return stopped
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import time
 log = logging.getLogger("rudder.data")
 
 DEFAULT_ROOT = "data"
+GENERATED_CLASSES = 8  # = rudder.data.importers.GENERATED_CLASSES (not imported: numpy-free help)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,19 +42,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--classes", type=int, help="custom graph: label classes")
     g.set_defaults(func=cmd_generate)
 
-    i = sub.add_parser("import", help="stage an edge list (CSV, Parquet or npz)")
+    i = sub.add_parser(
+        "import", help="stage an edge list (SNAP/KONECT text, CSV, Parquet or npz)",
+        description="Stage a graph from an edge list as users have it. Text edge lists: a CSV "
+        "with a src,dst header, or SNAP/KONECT style (lines starting with # or %% are "
+        "comments; tab or whitespace separated; no header; columns after the first two, such "
+        "as weights, are ignored). Separator and header are sniffed from the first data line "
+        "unless given. Labels are required, or --generate-labels.",
+        epilog="examples:\n"
+        "  rudder data import --name web-google --edges web-Google.txt.gz --generate-labels\n"
+        "  rudder data import --name g --edges out.konect --labels y.npy --split 0.8,0.1,0.1\n"
+        "  rudder data import --name g --edges e.csv --src-col from --dst-col to "
+        "--features x.npy --labels y.csv\n"
+        "then: rudder data partition NAME --parts 2; rudder run --set dataset.name=NAME",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("--name", required=True, help="dataset name (folder under --root)")
-    i.add_argument("--edges", required=True, help="edge list: CSV/Parquet with src,dst "
-                   "columns, or npz with arrays src,dst")
-    i.add_argument("--features", help="node features: npy, npz, csv or parquet (row = node)")
+    i.add_argument("--edges", required=True, help="edge list: text (.txt/.csv/.tsv/.edges/"
+                   "KONECT out.*, optionally .gz/.bz2/.xz), Parquet, or npz with arrays "
+                   "src,dst or edge_index (and num_nodes, honoured)")
+    i.add_argument("--features", help="node features: npy, npz, csv or parquet (row = node); "
+                   "default: random 16-dim features")
     i.add_argument("--labels", help="node labels: npy, npz, csv or parquet (NaN = unlabeled)")
-    i.add_argument("--split", help="npz with train/val/test masks or index arrays "
-                   "(default: random 60/20/20 split of the labeled nodes)")
+    i.add_argument("--generate-labels", action="store_true",
+                   help=f"no labels file: make {GENERATED_CLASSES} classes from the graph "
+                   "(argmax of a seeded random map of the mean of each node's neighbours' "
+                   "features); accuracy then only shows that training learns")
+    i.add_argument("--split", help="train,val,test fractions of the labeled nodes, e.g. "
+                   "0.8,0.1,0.1, or an npz with train/val/test masks or index arrays "
+                   "(default: 0.6,0.2,0.2)")
     i.add_argument("--format", choices=["csv", "parquet", "npz"],
-                   help="edge-list format (default: from the file name)")
-    i.add_argument("--num-nodes", type=int, help="node count (default: rows of the features/"
-                   "labels, else max id + 1)")
-    i.add_argument("--seed", type=int, default=0, help="seed of the random split")
+                   help="edge-list format (default: from the file name; unknown names are "
+                   "read as text)")
+    i.add_argument("--src-col", default="src", help="source column: a header name, or a "
+                   "0-based position (default: src, i.e. the first column without a header)")
+    i.add_argument("--dst-col", default="dst", help="destination column (default: dst, i.e. "
+                   "the second column without a header)")
+    hdr = i.add_mutually_exclusive_group()
+    hdr.add_argument("--header", dest="header", action="store_true", default=None,
+                     help="the first data line is a header (default: sniffed)")
+    hdr.add_argument("--no-header", dest="header", action="store_false",
+                     help="the first data line is an edge")
+    i.add_argument("--sep", help="text separator: tab, space (any whitespace) or a "
+                   "character such as , (default: sniffed)")
+    i.add_argument("--num-nodes", type=int, help="node count (default: the npz's num_nodes, "
+                   "else rows of the features/labels, else max id + 1)")
+    i.add_argument("--seed", type=int, default=0, help="seed of the random split, features "
+                   "and generated labels")
     i.add_argument("--directed", action="store_true",
                    help="keep edges as given (default: symmetrise, drop self loops/duplicates)")
     i.add_argument("--overwrite", action="store_true", help="replace an existing staging")
@@ -118,12 +152,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from rudder.data.importers import import_edge_list
+    from rudder.data.importers import import_edge_list, parse_split
 
+    split, fracs = args.split, (0.6, 0.2, 0.2)
+    if split is not None and not split.lower().endswith(".npz"):
+        split, fracs = None, parse_split(args.split)
     d = import_edge_list(args.edges, args.name, root=args.root, features=args.features,
-                         labels=args.labels, split=args.split, format=args.format,
-                         num_nodes=args.num_nodes, seed=args.seed, symmetric=not args.directed,
-                         overwrite=args.overwrite)
+                         labels=args.labels, split=split, split_fracs=fracs, format=args.format,
+                         num_nodes=args.num_nodes, src_col=args.src_col, dst_col=args.dst_col,
+                         header=args.header, sep=args.sep, seed=args.seed,
+                         symmetric=not args.directed, overwrite=args.overwrite,
+                         generate_labels=args.generate_labels)
     print(d)
     return 0
 

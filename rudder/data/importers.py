@@ -1,7 +1,11 @@
 """Import real graphs into the staged format (see store.py).
 
-- `import_edge_list`: an edge list (CSV with src,dst columns, Parquet, or npz with arrays src,
-  dst) plus optional features, labels and split files.
+- `import_edge_list`: an edge list plus optional features, labels and split files. Text edge
+  lists as users have them: CSV with a `src,dst` header, or SNAP/KONECT style (`#` / `%`
+  comment lines, tab or whitespace separated, no header, extra columns such as weights
+  ignored); columns by name or position; Parquet; npz (arrays src, dst or edge_index, and
+  `num_nodes` if present). Labels absent is an error unless generated labels are asked for
+  (`generate_labels`, see `generated_labels`).
 - Loaders for public datasets in their own on-disk layouts, for machines that have the files
   (nothing is downloaded here): ogbn-products and ogbn-papers100M (OGB layout) and Reddit (DGL
   layout). `LOADERS` maps each name to its function.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,6 +30,8 @@ from rudder.data.store import dataset_dir, file_lock, is_staged, save_staged
 log = logging.getLogger(__name__)
 
 EDGE_FORMATS = ("csv", "parquet", "npz")
+COMMENT_CHARS = ("#", "%")  # SNAP and KONECT comment lines
+GENERATED_CLASSES = 8  # classes of generated labels
 
 
 # ----------------------------------------------------------------------------- readers
@@ -49,8 +56,8 @@ def _infer_format(path: Path) -> str:
         return "npz"
     if name.endswith(".npy"):
         return "npy"
-    raise ValueError(f"{path}: cannot tell the format from the file name; pass format= one of "
-                     f"{EDGE_FORMATS}")
+    # SNAP/KONECT files come as .edges, .el, out.<name>, ...: read as text
+    return "csv"
 
 
 def _read_csv(path: Path, header: bool = True):
@@ -101,10 +108,67 @@ def _is_int_like(v: Any) -> bool:
         return False
 
 
+def _open_text(p: Path):
+    import bz2
+    import gzip
+    import lzma
+
+    name = p.name.lower()
+    opener = (gzip.open if name.endswith(".gz") else bz2.open if name.endswith(".bz2") else
+              lzma.open if name.endswith(".xz") else open)
+    return opener(p, "rt", errors="replace")
+
+
+def sniff_text(p: Path, max_lines: int = 200) -> dict:
+    """How a text edge list is laid out, from its first lines: `skip` (leading comment or blank
+    lines: `#` SNAP, `%` KONECT), `sep` (tab, comma, else any whitespace) and `header` (True
+    when the first data line is not two integers)."""
+    skip, first = 0, None
+    with _open_text(p) as f:
+        for i, line in enumerate(f):
+            if i >= max_lines:
+                break
+            stripped = line.strip()
+            if not stripped or stripped.startswith(COMMENT_CHARS):
+                skip += 1
+                continue
+            first = line.rstrip("\r\n")
+            break
+    if first is None:
+        raise ValueError(f"{p}: no edges (only comments or blank lines in the first "
+                         f"{max_lines} lines)")
+    sep = "\t" if "\t" in first else "," if "," in first else r"\s+"
+    fields = [x for x in re.split(sep, first.strip()) if x != ""]
+    header = not (len(fields) >= 2 and all(_is_int_like(x) for x in fields[:2]))
+    return {"skip": skip, "sep": sep, "header": header}
+
+
+def _column(df, col: str | int, p: Path):
+    """A column by name, or by 0-based position (an int, or digits when the file has no
+    header)."""
+    if col in df.columns:
+        return df[col].to_numpy()
+    if isinstance(col, int) or str(col).isdigit():
+        i = int(col)
+        if i < df.shape[1]:
+            return df.iloc[:, i].to_numpy()
+        raise ValueError(f"{p}: column {i} does not exist (the file has {df.shape[1]})")
+    raise ValueError(f"{p}: missing column {col!r} (found: {list(map(str, df.columns))}); "
+                     "name the columns with --src-col/--dst-col, or give positions (0, 1)")
+
+
 def read_edge_list(path: str | os.PathLike, format: str | None = None,
-                   src_col: str = "src", dst_col: str = "dst") -> tuple[np.ndarray, np.ndarray]:
-    """(src, dst) int64 arrays from a CSV/TSV (header with src_col, dst_col), Parquet (same
-    columns) or npz (arrays named src_col, dst_col, or one (2, E) array `edge_index`)."""
+                   src_col: str | int = "src", dst_col: str | int = "dst", *,
+                   header: bool | None = None, sep: str | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) int64 arrays from a text edge list, Parquet (columns src_col, dst_col) or npz
+    (arrays named src_col, dst_col, or one (2, E) array `edge_index`).
+
+    Text: leading `#` / `%` comment lines are skipped; `sep` (default: tab, comma or any
+    whitespace, from the first data line) and `header` (default: a first data line that is not
+    two integers is a header) are sniffed unless given. With a header the columns are found by
+    name (src_col, dst_col); without one, `src`/`dst` mean the first two columns, and digits
+    name a column by position. Columns beyond those two (weights, timestamps) are ignored."""
     p = _need_file(path, "edge list")
     fmt = (format or _infer_format(p)).lower()
     if fmt not in EDGE_FORMATS:
@@ -127,7 +191,10 @@ def read_edge_list(path: str | os.PathLike, format: str | None = None,
                 raise ValueError(f"{p}: missing array(s) {missing} (found: {z.files})")
     else:
         if fmt == "csv":
-            df = _read_csv(p)
+            df, has_header = _read_text_edges(p, header, sep)
+            if not has_header:  # the default names mean the first two columns
+                src_col = 0 if src_col == "src" else src_col
+                dst_col = 1 if dst_col == "dst" else dst_col
         else:
             import pyarrow  # noqa: F401  (a clear ImportError if absent)
             import pandas as pd
@@ -136,16 +203,43 @@ def read_edge_list(path: str | os.PathLike, format: str | None = None,
                 df = pd.read_parquet(p)
             except Exception as exc:  # pyarrow raises several types for bad files
                 raise ValueError(f"{p}: cannot read as Parquet: {exc}") from None
-        missing = [c for c in (src_col, dst_col) if c not in df.columns]
+        missing = [c for c in (src_col, dst_col)
+                   if c not in df.columns and not (fmt == "csv" and str(c).isdigit())]
         if missing:
-            raise ValueError(f"{p}: missing column(s) {missing} (found: {list(df.columns)})")
-        src, dst = df[src_col].to_numpy(), df[dst_col].to_numpy()
+            raise ValueError(f"{p}: missing column(s) {missing} (found: "
+                             f"{list(map(str, df.columns))}); name them with --src-col/"
+                             "--dst-col (or positions 0, 1)")
+        src, dst = _column(df, src_col, p), _column(df, dst_col, p)
     src = _as_ids(np.asarray(src).ravel(), p, src_col)
     dst = _as_ids(np.asarray(dst).ravel(), p, dst_col)
     if src.shape != dst.shape:
         raise ValueError(f"{p}: {src_col} and {dst_col} differ in length "
                          f"({src.shape[0]} vs {dst.shape[0]})")
     return src, dst
+
+
+def _read_text_edges(p: Path, header: bool | None, sep: str | None):
+    """A text edge list as a DataFrame (comments skipped, separator and header sniffed unless
+    given); returns (frame, has_header)."""
+    import pandas as pd
+
+    layout = sniff_text(p)
+    has_header = layout["header"] if header is None else header
+    sep = layout["sep"] if sep is None else ("\t" if sep in ("tab", "\\t") else
+                                              r"\s+" if sep in ("space", "whitespace") else sep)
+    try:
+        df = pd.read_csv(p, sep=sep, header=0 if has_header else None, skiprows=layout["skip"],
+                         comment=None, engine="python" if sep == r"\s+" else "c",
+                         skipinitialspace=True, dtype=None if has_header else str)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{p}: cannot parse as an edge list: {exc}") from None
+    df = df.loc[:, [c for c in df.columns if not str(c).startswith("Unnamed")] or df.columns]
+    if has_header:
+        df.columns = [str(c).strip().lstrip("#%").strip() for c in df.columns]
+    else:  # drop comment lines further down (SNAP files sometimes have them mid-file)
+        first = df.iloc[:, 0].astype(str)
+        df = df[~first.str.startswith(COMMENT_CHARS)]
+    return df, has_header
 
 
 def _read_matrix(path: str | os.PathLike, what: str, keys: Sequence[str]) -> np.ndarray:
@@ -317,8 +411,10 @@ def build_and_stage(src: np.ndarray, dst: np.ndarray, *, name: str, root: str | 
                     num_nodes: int, feat: np.ndarray | None, labels: np.ndarray | None,
                     masks: tuple[np.ndarray, ...] | None, source: str, seed: int = 0,
                     split_fracs: Sequence[float] = (0.6, 0.2, 0.2), make_symmetric: bool = True,
-                    placeholder_feat_dim: int = 16, extra: dict[str, Any] | None = None) -> Path:
-    """Common tail of every importer: check, fill placeholders, symmetrise, stage."""
+                    placeholder_feat_dim: int = 16, extra: dict[str, Any] | None = None,
+                    generate_labels: bool = False) -> Path:
+    """Common tail of every importer: check, fill placeholders, symmetrise, stage. Labels
+    absent: an error, unless generate_labels (then `generated_labels`)."""
     from rudder.data.synthetic import arrays_to_graph
 
     placeholders = []
@@ -332,21 +428,32 @@ def build_and_stage(src: np.ndarray, dst: np.ndarray, *, name: str, root: str | 
         feat = np.random.default_rng(seed).standard_normal((num_nodes, placeholder_feat_dim),
                                                            dtype=np.float32)
         placeholders.append("feat")
+    if labels is None and not generate_labels:
+        raise ValueError(f"{source}: no labels given. Pass a labels file (--labels), or ask for "
+                         "generated labels (--generate-labels: classes made from the graph, "
+                         "so accuracy only shows that training learns, not that it means "
+                         "anything)")
+    if make_symmetric:
+        src, dst = symmetrize(src, dst, num_nodes)
     if labels is None:
-        log.warning("%s: no labels given; every node gets label 0", name)
-        labels = np.zeros(num_nodes, dtype=np.int64)
+        labels = generated_labels(src, dst, num_nodes, feat, seed=seed)
+        log.warning("%s: generated labels: %d classes from the mean of each node's neighbours' "
+                    "features (see generated_labels)", name, GENERATED_CLASSES)
         placeholders.append("label")
+    present = np.unique(labels[labels >= 0])
+    if present.size == 1:
+        log.warning("%s: every labeled node has class %d: runs will not report accuracy", name,
+                    int(present[0]))
     if masks is None:
         masks = random_split(labels, split_fracs, seed)
         split_source = f"random{tuple(split_fracs)}"
     else:
         split_source = "given"
-    if make_symmetric:
-        src, dst = symmetrize(src, dst, num_nodes)
     g = arrays_to_graph(src, dst, num_nodes, {
         "feat": feat, "label": labels, "train_mask": masks[0], "val_mask": masks[1],
         "test_mask": masks[2]})
-    info = {"split": split_source, "symmetrized": make_symmetric}
+    info = {"split": split_source, "symmetrized": make_symmetric,
+            "classes_present": int(present.size)}
     if placeholders:
         info["placeholders"] = placeholders
     if extra:
@@ -354,21 +461,63 @@ def build_and_stage(src: np.ndarray, dst: np.ndarray, *, name: str, root: str | 
     return save_staged(g, name, root, source=source, seed=seed, extra=info)
 
 
+def generated_labels(src: np.ndarray, dst: np.ndarray, num_nodes: int, feat: np.ndarray,
+                     classes: int = GENERATED_CLASSES, seed: int = 0) -> np.ndarray:
+    """Labels for a graph that has none: class = argmax of a seeded random linear map of the
+    mean of the node's in-neighbours' features (its own where it has none). One GraphSAGE layer
+    can learn that, so accuracy shows that training works; it says nothing about the data."""
+    import scipy.sparse as sp
+
+    deg = np.bincount(dst, minlength=num_nodes).astype(np.float32)
+    adj = sp.csr_matrix((np.ones(src.size, dtype=np.float32), (dst, src)),
+                        shape=(num_nodes, num_nodes))
+    mean = adj @ feat / np.maximum(deg, 1.0)[:, None]
+    mean[deg == 0] = feat[deg == 0]
+    w = np.random.default_rng(seed + 1).standard_normal((feat.shape[1], classes))
+    return np.asarray(mean @ w).argmax(1).astype(np.int64)
+
+
+def parse_split(text: str) -> tuple[float, float, float]:
+    """"0.8,0.1,0.1" -> (0.8, 0.1, 0.1): train, val, test shares of the labeled nodes."""
+    try:
+        fr = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--split {text!r}: expected three fractions like 0.8,0.1,0.1 or an "
+                         ".npz file of masks") from None
+    if len(fr) != 3 or min(fr) < 0 or sum(fr) > 1 + 1e-9 or fr[0] <= 0:
+        raise ValueError(f"--split {text!r}: need train,val,test fractions >= 0 (train > 0) "
+                         "summing to at most 1")
+    return fr  # type: ignore[return-value]
+
+
+def npz_num_nodes(path: str | os.PathLike) -> int | None:
+    """The `num_nodes` scalar of an npz edge list, if it holds one."""
+    with np.load(path, allow_pickle=False) as z:
+        if "num_nodes" not in z.files:
+            return None
+        return int(np.asarray(z["num_nodes"]).ravel()[0])
+
+
 def import_edge_list(path: str | os.PathLike, name: str, root: str | os.PathLike = "data",
                      features: str | os.PathLike | None = None,
                      labels: str | os.PathLike | None = None,
                      split: str | os.PathLike | None = None, *, format: str | None = None,
-                     num_nodes: int | None = None, src_col: str = "src", dst_col: str = "dst",
-                     split_fracs: Sequence[float] = (0.6, 0.2, 0.2), seed: int = 0,
-                     symmetric: bool = True, overwrite: bool = False) -> Path:
+                     num_nodes: int | None = None, src_col: str | int = "src",
+                     dst_col: str | int = "dst", header: bool | None = None,
+                     sep: str | None = None, split_fracs: Sequence[float] = (0.6, 0.2, 0.2),
+                     seed: int = 0, symmetric: bool = True, overwrite: bool = False,
+                     generate_labels: bool = False) -> Path:
     """Stage an edge list as dataset `name` under `<root>/<name>/`; returns that folder.
 
-    path: CSV/TSV (header with src,dst), Parquet (columns src,dst) or npz (arrays src,dst or
-    edge_index); format overrides the guess from the file name. num_nodes defaults to the
-    feature/label row count, else max id + 1. features: npy/npz/csv/parquet, one row per node
-    (a `node_id` column orders csv/parquet rows). labels: same formats, one value per node;
+    path: a text edge list (CSV with a src,dst header, or SNAP/KONECT: `#`/`%` comments, tab or
+    whitespace separated, no header; see read_edge_list for header/sep/columns), Parquet
+    (columns src,dst) or npz (arrays src,dst or edge_index; its `num_nodes`, if present, sets
+    the node count); format overrides the guess from the file name. num_nodes defaults to the
+    npz's, else the feature/label row count, else max id + 1. features: npy/npz/csv/parquet,
+    one row per node (a `node_id` column orders csv/parquet rows). labels: same formats, one value per node;
     NaN or negative = unlabeled (-1). split: npz with train, val (or valid), test as masks or
     index arrays; absent -> random split of the labeled nodes by split_fracs and seed.
+    Labels absent: ValueError, unless generate_labels (see generated_labels).
     An existing staging of `name` is kept unless overwrite=True.
     """
     d = dataset_dir(name, root)
@@ -377,7 +526,13 @@ def import_edge_list(path: str | os.PathLike, name: str, root: str | os.PathLike
             raise ValueError(f"dataset {name!r} is already staged in {d}; pass overwrite=True "
                              f"(CLI: --overwrite) to replace it")
         t0 = time.perf_counter()
-        src, dst = read_edge_list(path, format, src_col, dst_col)
+        src, dst = read_edge_list(path, format, src_col, dst_col, header=header, sep=sep)
+        if num_nodes is None and (format or _infer_format(Path(path))) == "npz":
+            num_nodes = npz_num_nodes(path)  # trailing isolated nodes are nodes too
+        if labels is None and not generate_labels:  # before any work is staged
+            raise ValueError(f"{path}: no labels given. Pass a labels file (--labels), or ask "
+                             "for generated labels (--generate-labels: classes made from the "
+                             "graph, so accuracy only shows that training learns)")
         feat = read_features(features) if features is not None else None
         lab = read_labels(labels) if labels is not None else None
         sizes = {str(features): None if feat is None else feat.shape[0],
@@ -400,6 +555,7 @@ def import_edge_list(path: str | os.PathLike, name: str, root: str | os.PathLike
         return build_and_stage(src, dst, name=name, root=root, num_nodes=n, feat=feat,
                                labels=lab, masks=masks, source=f"import:{Path(path).name}",
                                seed=seed, split_fracs=split_fracs, make_symmetric=symmetric,
+                               generate_labels=generate_labels,
                                extra={"files": {"edges": str(path), "features": _s(features),
                                                 "labels": _s(labels), "split": _s(split)}})
 

@@ -79,7 +79,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
                         + ", ".join(args.runs_dirs))
     except FileNotFoundError as exc:
         return _err("collect", str(exc))
-    from rudder.runner import reconcile_run
+    from rudder.cluster.attempts import reconcile_run
 
     for d in run_dirs:  # a run left `running` by a killed owner: failed, interrupted
         reconcile_run(d)

@@ -99,6 +99,58 @@ GROUP BY r.dataset, r.policy
 ORDER BY r.dataset, hit_pct DESC NULLS LAST, r.policy
 """
 
+_VS_NONE = f"""
+WITH {_COMPLETE},
+epoch_time AS (  -- an epoch lasts as long as its slowest trainer
+  SELECT e.run_id, e.epoch, max(e.t_epoch) AS t_epoch, sum(e.fetched_rows) AS fetched_rows,
+         sum(e.hits) AS hits, sum(e.remote_rows) AS remote_rows
+  FROM epochs e JOIN r USING (run_id)
+  WHERE e.t_epoch IS NOT NULL
+  GROUP BY e.run_id, e.epoch),
+step_compute AS (  -- a rank's compute includes waiting at the gradient all-reduce for the
+                   -- slowest rank (often one still fetching): the least over ranks is compute
+  SELECT m.run_id, m.epoch, m.step, min(m.t_compute) AS t_compute
+  FROM minibatches m JOIN r USING (run_id)
+  GROUP BY m.run_id, m.epoch, m.step),
+bound_rank AS (  -- features free: the loader samples while the trainer computes
+  SELECT m.run_id, m.epoch, m.rank,
+         sum(greatest(coalesce(m.t_sample, 0), coalesce(c.t_compute, 0))) AS bound_s
+  FROM minibatches m JOIN r USING (run_id)
+  JOIN step_compute c ON c.run_id = m.run_id AND c.epoch = m.epoch AND c.step = m.step
+  GROUP BY m.run_id, m.epoch, m.rank),
+bound_epoch AS (
+  SELECT run_id, epoch, max(bound_s) AS bound_s FROM bound_rank GROUP BY run_id, epoch),
+per_run AS (
+  SELECT t.run_id, avg(t.t_epoch) AS epoch_s, avg(t.fetched_rows) AS fetched_rows,
+         avg(b.bound_s) AS bound_s, sum(t.hits) AS hits, sum(t.remote_rows) AS remote_rows
+  FROM epoch_time t LEFT JOIN bound_epoch b USING (run_id, epoch)
+  GROUP BY t.run_id),
+g AS (
+  SELECT r.dataset, r.machines, r.simulated, r.policy, any_value(r.bandwidth) AS bandwidth,
+         count(*) AS runs, avg(p.epoch_s) AS epoch_s, avg(p.fetched_rows) AS fetched_rows,
+         avg(p.bound_s) AS bound_s, 100.0 * sum(p.hits) / nullif(sum(p.remote_rows), 0) AS hit_pct
+  FROM per_run p JOIN r USING (run_id)
+  GROUP BY r.dataset, r.machines, r.simulated, r.policy)
+SELECT g.dataset, g.machines, g.policy, g.simulated, g.bandwidth, g.runs,
+       g.fetched_rows AS fetched_rows_per_epoch,
+       g.fetched_rows / nullif(b.fetched_rows, 0) AS rows_ratio,
+       g.epoch_s, g.epoch_s / b.epoch_s AS epoch_ratio, b.epoch_s / g.epoch_s AS speedup,
+       g.hit_pct, g.bound_s, g.epoch_s / nullif(g.bound_s, 0) AS epoch_over_bound
+FROM g LEFT JOIN g b
+  ON b.policy = 'none' AND b.dataset = g.dataset AND b.machines = g.machines
+ AND b.simulated = g.simulated
+ORDER BY g.dataset, g.simulated, g.machines, g.policy
+"""
+
+_AGENT_DECISIONS = """
+SELECT d.run_id, r.dataset, r.machines, d.rank, d.decision, d."window", d.decided_step,
+       d.applied_step, d.model, d.replace, d.budget, d.fallback, d.reason, d.latency_s,
+       d.correct
+FROM decisions d JOIN {runs} r USING (run_id)
+WHERE r.policy = 'agent'
+ORDER BY r.dataset, r.machines, d.run_id, d.rank, d.decision
+"""
+
 _PASS_AT_1 = """
 SELECT d.policy, d.model, count(DISTINCT d.run_id) AS runs, count(*) AS decisions,
        count(d.correct) AS evaluated,  -- decisions whose outcome was measured
@@ -155,6 +207,14 @@ NAMED: dict[str, NamedQuery] = {q.name: q for q in [
                "policy; ratio to policy 'none' (complete runs)", _REMOTE_ROWS),
     NamedQuery("hit_rate", "mean %-hits (buffer hits / remote input rows) by dataset and policy "
                "(complete runs)", _HIT_RATE),
+    NamedQuery("vs_none", "per dataset, machines and policy: rows fetched and epoch time as "
+               "ratios to policy 'none', %-hits, and the features-free pipeline bound (per "
+               "minibatch the larger of sampling and compute time, compute being the least "
+               "over ranks since the others wait at the all-reduce; summed per epoch, slowest "
+               "rank) with epoch time over it (complete runs)", _VS_NONE),
+    NamedQuery("agent_decisions", "every decision of the agent policy's runs: when it was "
+               "judged and applied, replace/keep, budget, fallback, the model's reason",
+               _AGENT_DECISIONS),
     NamedQuery("pass_at_1", "share of policy decisions whose predicted effect matched the "
                "outcome (correct=true among evaluated), by policy and model; pass_at_1_cf: the share whose "
                "action beat its alternative replayed from the same buffer (correct_cf), cf_rows_saved: "

@@ -2,8 +2,10 @@
 submitted (a wrong walltime or block size otherwise shows as runs killed by Slurm, or as tasks
 waiting forever for nodes, hours later):
 
-- runs per block: on an MPI executor every run takes `machines` whole nodes of a block and
-  `max_workers` runs go at once, so max(machines) x max_workers must fit nodes_per_block;
+- runs per block: on an MPI executor every run takes `machines` whole nodes of a block, so the
+  largest run must fit nodes_per_block; where the study's own NodeGate does not admit the runs
+  (a Globus Compute endpoint: `gated=False`) `max_workers` runs go at once, so max(machines) x
+  max_workers must fit (Parsl's backlog would otherwise drop results: rudder.workflow.gate);
 - walltime: a block takes runs until its drain period and must then still have time for the
   longest run (cluster.run_timeout_s, which counts from launch and so includes start-up, plus
   run_timeout_margin_s for the run's process): drain_period + that <= walltime. Unset, the
@@ -11,7 +13,7 @@ waiting forever for nodes, hours later):
 - the debug QOS allows 30 minutes;
 - stage and partition (CPU work: METIS, feature I/O) never run on GPU blocks.
 
-`fit_study(ex, study)` returns the execution with drain periods filled, or raises ConfigError
+`fit_study(ex, study, gated)` returns the execution with drain periods filled, or raises ConfigError
 naming the numbers.
 """
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _is_gpu(provider) -> bool:
         or "gpu" in provider.scheduler_options)
 
 
-def fit_study(ex: ExecutionConfig, study) -> ExecutionConfig:
+def fit_study(ex: ExecutionConfig, study, gated: bool = False) -> ExecutionConfig:
     """The execution with each Slurm pool's drain_period set; ConfigError if the study cannot
     fit (see the module docstring)."""
     where = "execution.executors"
@@ -81,7 +83,7 @@ def fit_study(ex: ExecutionConfig, study) -> ExecutionConfig:
             executors[label] = m.model_copy(update={"drain_period": drain})
         if isinstance(m, MpiModel):
             biggest = max(r.config.cluster.machines for r in runs)
-            if biggest * m.max_workers > p.nodes_per_block:
+            if biggest * (1 if gated else m.max_workers) > p.nodes_per_block:
                 fits = p.nodes_per_block // biggest
                 errors.append(
                     f"{where}.{label}: the largest run takes {biggest} node(s) and max_workers "
