@@ -168,6 +168,14 @@ def test_store_round_trip_and_named_query(tmp_path, random_runs, built):
     assert (row.correct, row.evaluated) == s["pass_at_1"]
     assert row.cf_rows_saved == sum(d["cf_rows_saved"] or 0 for d in allrecs)
 
+    # the report's line: counterfactual Pass@1 beside before/after (write_report puts it under
+    # the Pass@1 table)
+    from rudder.results.report import _pass_line
+
+    (c, n), (cc, cn) = s["pass_at_1"], s["pass_at_1_cf"]
+    assert _pass_line(df) == (f"Pass@1 of all decisions: before/after {c / n:.2f} ({n} judged), "
+                              f"counterfactual {cc / cn:.2f} ({cn} judged) (`rudder agent judge RUN_DIR`).")
+
 
 def _none(x):
     """A DuckDB NULL read through pandas (NaN / NA / NaT) as None; numpy scalars as Python."""
