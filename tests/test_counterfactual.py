@@ -184,3 +184,39 @@ def _none(x):
     if x is None or x is pd.NA or (isinstance(x, float) and np.isnan(x)):
         return None
     return x.item() if hasattr(x, "item") else x
+
+
+def test_a_run_with_its_own_trace_is_judged_as_a_replay_is(tmp_path, random_runs):
+    """A live run keeps its trace (trace-r<R>.npz) but has no sim.source: the judge replays that
+    trace (checking every recorded hit count) and gives what it gives for the simulated run."""
+    import json
+    import shutil
+
+    from rudder.records import read_run
+
+    sim = random_runs[0]
+    live = tmp_path / "live"
+    shutil.copytree(sim, live)
+    meta = read_run(live)
+    shutil.copy(meta["sim"]["source"], live / "trace-r0.npz")
+    del meta["sim"]
+    (live / "run.json").write_text(json.dumps(meta))
+    assert judge_run(live, write=False)[0] == read_jsonl(sim / "decisions-r0.jsonl")
+    (live / "trace-r0.npz").unlink()
+    with pytest.raises(ValueError, match="no trace-r0.npz"):
+        judge_run(live)
+
+
+def test_cli_judges_and_prints_the_balance(built, capsys):
+    from rudder.cli import main
+
+    run = built["drift", "replace"]
+    assert main(["agent", "judge", str(run)]) == 0
+    out = capsys.readouterr().out
+    s = summarize(read_jsonl(run / "decisions-r0.jsonl"))
+    (c, n), (cc, cn) = s["pass_at_1"], s["pass_at_1_cf"]
+    assert (f"{s['judged']} of {s['decisions']} decisions judged; replacing saves at {s['saves']}, "
+            f"costs at {s['costs']}, neutral at {s['neutral']}; Pass@1 before/after {c}/{n}, "
+            f"counterfactual {cc}/{cn}") in out
+    assert s["saves"] >= 1 and s["judged"] == s["saves"] + s["costs"] + s["neutral"]
+    assert main(["agent", "judge", str(run.parent / "nowhere")]) == 2  # a clear error, no traceback

@@ -103,13 +103,16 @@ def _sim_inputs(run_dir: Path, rank: int):
     from rudder.sim.simulate import load_source, rank_source, run_context
 
     meta = read_run(run_dir)
-    sim = meta.get("sim")
-    if not sim or not sim.get("source"):
-        raise ValueError(f"{run_dir} is not a simulated run (run.json has no sim.source): "
-                         "the counterfactual needs the trace it replayed")
-    traces, source = load_source(sim["source"])
+    sim = meta.get("sim") or {}
+    if not sim.get("source") and not (run_dir / f"trace-r{rank}.npz").exists():
+        raise ValueError(f"{run_dir} is neither a simulated run (run.json has no sim.source) nor "
+                         f"a run with its trace (no trace-r{rank}.npz): the counterfactual needs the "
+                         "trace")
+    # a live run replays its own recorded trace (the replay's check of every hit count says
+    # whether the run is reproduced)
+    traces, source = load_source(sim.get("source") or run_dir)
     if rank not in traces:
-        raise ValueError(f"{sim['source']} has no trace for rank {rank}")
+        raise ValueError(f"{sim.get('source') or run_dir} has no trace for rank {rank}")
     trace = traces[rank]
     pf = dict((meta.get("config") or {}).get("prefetch") or {})
     known = set(PrefetchConfig.model_fields)
@@ -293,6 +296,7 @@ def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -
     from rudder.agent.judge import counterfactual
 
     run_dir = Path(run_dir)
+    read_run(run_dir)  # not a run directory: an error naming it
     out = {}
     for path in sorted(run_dir.glob("decisions-r*.jsonl")):
         rank = int(path.stem.rsplit("-r", 1)[1])
