@@ -98,7 +98,8 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5
 
 
 def _sim_inputs(run_dir: Path, rank: int):
-    """(trace, prefetch config, capacity, start, RunContext, future depth) of a simulated run."""
+    """(trace, prefetch config, capacity, start, RunContext, future depth) of a simulated run,
+    or of a live run that kept its trace."""
     from rudder.config import PrefetchConfig, sample_ahead
     from rudder.sim.simulate import load_source, rank_source, run_context
 
@@ -285,8 +286,8 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
 
 
 def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -> dict[int, list[dict]]:
-    """The counterfactual judge: every decision of a simulated run (agent, classifier, random
-    collector) with the decision taken and its alternative (replace vs keep) replayed from the
+    """The counterfactual judge: every decision of a simulated run, or of a live run that kept
+    its trace (agent, classifier, random collector), with the decision taken and its alternative (replace vs keep) replayed from the
     same buffer state -- the run's own, at the decision's applied_step -- over `horizon`
     windows. The replace branch acts as the decision would (`Branch`) at the decision's own
     budget (a keep's alternative: the run's replace budget), so the budget is held fixed, not
