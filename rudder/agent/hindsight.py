@@ -290,8 +290,8 @@ def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -
     its trace (agent, classifier, random collector), with the decision taken and its alternative (replace vs keep) replayed from the
     same buffer state -- the run's own, at the decision's applied_step -- over `horizon`
     windows. The replace branch acts as the decision would (`Branch`) at the decision's own
-    budget (a keep's alternative: the run's replace budget), so the budget is held fixed, not
-    judged. Sets cf_rows_saved, cf_replace_share and correct_cf (rudder.agent.judge.counterfactual)
+    budget (a keep that names none, e.g. a classifier's 0.0: the run's replace budget), so the
+    budget is held fixed, not judged. Sets cf_rows_saved, cf_replace_share and correct_cf (rudder.agent.judge.counterfactual)
     on each record; a decision never applied, a fallback, or one whose horizon runs past the
     end keeps them null. write: rewrite decisions-r<R>.jsonl (atomically). {rank: records}."""
     from rudder.agent.judge import counterfactual
