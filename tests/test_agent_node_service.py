@@ -29,11 +29,9 @@ def test_single_runs_and_other_launchers_keep_their_own_service(monkeypatch, tmp
     monkeypatch.delenv(NODE_DIR_ENV, raising=False)
     assert node_agent_service(cfg) is None and agent_service_argv(cfg) is not None
     monkeypatch.setenv(NODE_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv("RUDDER_LAUNCHER", "slurm")
-    assert node_agent_service(cfg) is None
+    assert node_agent_service(cfg, {"type": "slurm"}) is None  # Slurm nodes: a service per run
     inproc = RunConfig.model_validate({"prefetch": {"policy": "agent"}})
-    monkeypatch.setenv("RUDDER_LAUNCHER", "local")
-    assert node_agent_service(inproc) is None  # in-process stays in-process
+    assert node_agent_service(inproc, {"type": "local"}) is None  # in-process stays in-process
     assert not list(tmp_path.iterdir())
 
 

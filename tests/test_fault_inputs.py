@@ -238,7 +238,8 @@ def test_agent_policy_falls_back_records_dropped_windows_and_closes_fast(trickle
                      window=5, lookahead=0)
     pol = AgentPolicy(PrefetchConfig(policy="agent", window=5),
                       agent=AgentConfig(backend="http", url=trickle_url, timeout_s=30, history=0,
-                                        prompt="zero-shot"), inbox_size=1)
+                                        prompt="zero-shot", ready_timeout_s=2),
+                      inbox_size=1)  # (its wait for /v1/models, trickled too, ends in 2 s)
     pol.setup(ctx)
 
     def window(i):
@@ -318,12 +319,12 @@ def test_damaged_graph_is_not_staged_and_failed_overwrite_keeps_the_data(tmp_pat
 
     edges = tmp_path / "e.csv"
     edges.write_text("src,dst\n" + "".join(f"{i},{(i + 1) % 50}\n" for i in range(50)))
-    import_edge_list(edges, "mine", root=tmp_path / "data")
+    import_edge_list(edges, "mine", root=tmp_path / "data", generate_labels=True)
     good = read_meta("mine", tmp_path / "data")
     loops = tmp_path / "loops.csv"
     loops.write_text("src,dst\n" + "".join(f"{i},{i}\n" for i in range(50)))
     with pytest.raises(ValueError, match="no edges"):
-        import_edge_list(loops, "mine", root=tmp_path / "data", overwrite=True)
+        import_edge_list(loops, "mine", root=tmp_path / "data", overwrite=True, generate_labels=True)
     assert is_staged("mine", tmp_path / "data")
     assert read_meta("mine", tmp_path / "data")["checksum"] == good["checksum"]
     assert not [p for p in (tmp_path / "data").iterdir() if ".tmp" in p.name]

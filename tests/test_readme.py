@@ -27,7 +27,7 @@ def command_lines() -> list[list[str]]:
     """The README's shell lines: comments dropped, `[--opt X]` optional parts kept (as given)."""
     out = []
     for block in blocks("bash"):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # continuation lines joined
             line = line.split(" #", 1)[0].strip()
             if not line or line.startswith("#"):
                 continue

@@ -47,7 +47,7 @@ class SlowTrain:
     running (as a trainer does); `static` fetches half of what `none` fetches."""
 
     def __call__(self, config, run_id, study, launch=None, timeout_s=None, cwd=None, inputs=(),
-                 parsl_resource_specification={}):
+                 rerun=False, parsl_resource_specification={}):
         from rudder.config import RunConfig
         from rudder.records import JsonlWriter, update_run_json
         from rudder.workflow.study import config_hash

@@ -189,11 +189,12 @@ class HttpBackend:
 
 
 class _HttpCall:
-    """One POST on its own connection, run by a worker thread; abort() shuts its socket."""
+    """One request (POST with a body, else GET) on its own connection, every step bounded by one
+    deadline; run by a worker thread (abort() shuts its socket) or inline."""
 
     MAX_BYTES = 1 << 20  # an answer is a few hundred bytes; a runaway server is cut off
 
-    def __init__(self, url: str, body: bytes, deadline: float):
+    def __init__(self, url: str, body: bytes | None, deadline: float):
         self.url, self.body, self.deadline = url, body, deadline
         self.done = threading.Event()
         self.payload = b""
@@ -212,8 +213,11 @@ class _HttpCall:
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         try:
             self._conn = conn = cls(parts.hostname, parts.port, timeout=self._left())
-            conn.request("POST", parts.path or "/", body=self.body,
-                         headers={"Content-Type": "application/json"})
+            if self.body is None:
+                conn.request("GET", parts.path or "/")
+            else:
+                conn.request("POST", parts.path or "/", body=self.body,
+                             headers={"Content-Type": "application/json"})
             conn.sock.settimeout(self._left())
             resp = conn.getresponse()
             chunks, size = [], 0
@@ -250,6 +254,14 @@ class _HttpCall:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes the worker's recv/send now
             except OSError:
                 pass
+
+
+def http_ok(url: str, timeout_s: float) -> bool:
+    """True when GET `url` answers 200 within timeout_s in all (a server that trickles bytes
+    cannot hold the caller longer)."""
+    call = _HttpCall(url, None, time.monotonic() + timeout_s)
+    call.run()
+    return call.error is None
 
 
 class DecisionMaker:

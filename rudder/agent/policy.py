@@ -71,19 +71,16 @@ def service_url(cfg: AgentConfig) -> str | None:
 
 
 def wait_http(url: str, timeout_s: float, stop: threading.Event | None = None) -> float:
-    """Waits until the OpenAI-compatible service at `url` lists its models (bounded); returns
-    the seconds waited."""
-    import urllib.request
+    """Waits until the OpenAI-compatible service at `url` lists its models, at most timeout_s in
+    all (each probe has a total deadline); returns the seconds waited."""
+    from rudder.agent.decision import http_ok
 
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s and not (stop is not None and stop.is_set()):
-        try:
-            with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=2.0) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        time.sleep(0.5)
+    while not (stop is not None and stop.is_set()):
+        left = timeout_s - (time.monotonic() - t0)
+        if left <= 0 or http_ok(url.rstrip("/") + "/v1/models", min(2.0, left)):
+            break
+        time.sleep(min(0.5, max(0.0, timeout_s - (time.monotonic() - t0))))
     return time.monotonic() - t0
 
 
