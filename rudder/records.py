@@ -228,6 +228,12 @@ class DecisionRecord:
     outcome_hit_delta: float | None = None  # hit-rate change in fraction units (0.01 = 1 point)
     outcome_rows_delta: float | None = None  # relative change of fetched rows per minibatch (0.1 = +10%)
     correct: bool | None = None
+    # the counterfactual (rudder.agent.hindsight.judge_run, after the run, from its trace): the
+    # decision taken and its alternative (replace vs keep) replayed from the same buffer state at
+    # applied_step over the next windows; null where not judged (fallbacks, the run's last windows)
+    cf_rows_saved: int | None = None  # rows the alternative fetches minus rows the decision fetched
+    cf_replace_share: float | None = None  # rows replacing saves vs keeping / the horizon's remote rows
+    correct_cf: bool | None = None  # the action was right by the counterfactual (rudder.agent.judge)
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

@@ -155,6 +155,18 @@ def _outcome_deltas(n: int, window: int) -> tuple[float, float]:
     return round(r.uniform(-0.03, 0.05), 4), round(r.uniform(-0.2, 0.1), 4)
 
 
+def _counterfactual(n: int, window: int, replace: bool, fallback: bool) -> dict:
+    """cf_rows_saved, cf_replace_share, correct_cf (rudder agent judge's fields), from an RNG of
+    their own like _outcome_deltas."""
+    from rudder.agent.judge import counterfactual
+
+    r = random.Random(n * 104729 + window)
+    share = round(r.uniform(-0.05, 0.1), 4)
+    saved = int(share * 1000) * (1 if replace else -1)
+    return {"cf_rows_saved": saved, "cf_replace_share": share,
+            "correct_cf": counterfactual(replace, fallback, share)}
+
+
 def _decision(n: int, window: int, wrec: dict, policy: str, model: str,
               rng: random.Random) -> dict:
     replace = rng.random() < 0.5
@@ -172,6 +184,7 @@ def _decision(n: int, window: int, wrec: dict, policy: str, model: str,
         "reason": "synthetic", "latency_s": 0.2 + rng.random(), "fallback": fallback,
         **outcome_fields(*_outcome_deltas(n, window)),
         "correct": None if fallback else rng.random() < 0.75,
+        **_counterfactual(n, window, replace, fallback),
     }
     assert list(out) == DECISION_FIELDS
     return out

@@ -3,6 +3,7 @@
   rudder agent models                       registry: names, sources, present here or not
   rudder agent eval [--model M ...] [--variant V ...] [--windows F ...]   accuracy, latency p50/p95
   rudder agent label RUN_DIR [-o F]         labelled windows from a finished run
+  rudder agent judge RUN_DIR ...            every decision against its counterfactual (correct_cf)
   rudder agent serve [--model M] [--host H] [--port P]   the node's model server (foreground)
   rudder agent decide --window JSON [--context JSON] [--history JSON]  one decision, printed
 """
@@ -71,6 +72,19 @@ def _label(args) -> int:
     else:
         for r in recs:
             print(json.dumps(r))
+    return 0
+
+
+def _judge(args) -> int:
+    from rudder.agent.hindsight import judge_run, summarize
+
+    for run_dir in args.run_dir:
+        by_rank = judge_run(run_dir, horizon=args.horizon, write=not args.dry_run)
+        s = summarize([d for recs in by_rank.values() for d in recs])
+        (c, n), (cc, cn) = s["pass_at_1"], s["pass_at_1_cf"]
+        print(f"{run_dir}: {s['judged']} of {s['decisions']} decisions judged; replacing saves at "
+              f"{s['saves']}, costs at {s['costs']}, neutral at {s['neutral']}; Pass@1 before/after "
+              f"{c}/{n}, counterfactual {cc}/{cn}")
     return 0
 
 
@@ -157,6 +171,13 @@ def register(subparsers) -> None:
     q.add_argument("--agreed-only", action="store_true",
                    help="with --check: keep only the windows whose label the counterfactual confirms")
     q.set_defaults(func=_label)
+
+    q = sub.add_parser("judge", help="judge a simulated run's decisions against their "
+                       "counterfactual (sets correct_cf, cf_rows_saved, cf_replace_share)")
+    q.add_argument("run_dir", nargs="+")
+    q.add_argument("--horizon", type=int, default=2, help="windows replayed after each decision")
+    q.add_argument("--dry-run", action="store_true", help="print only; leave the records as they are")
+    q.set_defaults(func=_judge)
 
     q = sub.add_parser("serve", help="serve a model for this node's trainers (foreground)")
     q.add_argument("--model", default="smollm2-135m")

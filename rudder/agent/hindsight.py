@@ -21,6 +21,10 @@ directory's recorded actions (it checks that it reproduces the recorded hits exa
 forks at every window close. `hindsight_label` turns a gain into replace (gain > REPLACE_MARGIN
 of the horizon's remote rows), keep (gain <= KEEP_MARGIN) or None (too close to call).
 
+`judge_run` judges every decision of a simulated run that way (the decision taken vs its
+alternative, forked at the decision's applied step): DecisionRecord's cf_rows_saved,
+cf_replace_share and correct_cf (`rudder agent judge RUN_DIR`).
+
 `collect_run` writes such a run: the agent policy with `RandomDecisionMaker` (replace or keep
 at random, a seeded coin) replayed on a trace, so the windows and decisions are real records
 of the agent's mechanism, with both actions.
@@ -88,22 +92,28 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5
     name = str(source.get("name", "trace")).removesuffix(".npz")
     la = "" if lookahead is None else f"-la{lookahead}"
     run_id = f"sim-{name}-agent-random-w{window}{la}{'-' + admit if admit else ''}-s{seed}"
-    return write_sim_run(runs_dir, results, source, run_id=run_id, study=study)
+    run = write_sim_run(runs_dir, results, source, run_id=run_id, study=study)
+    judge_run(run)  # every decision judged against its counterfactual (correct_cf)
+    return run
 
 
 def _sim_inputs(run_dir: Path, rank: int):
-    """(trace, prefetch config, capacity, start, RunContext, future depth) of a simulated run."""
+    """(trace, prefetch config, capacity, start, RunContext, future depth) of a simulated run,
+    or of a live run that kept its trace."""
     from rudder.config import PrefetchConfig, sample_ahead
     from rudder.sim.simulate import load_source, rank_source, run_context
 
     meta = read_run(run_dir)
-    sim = meta.get("sim")
-    if not sim or not sim.get("source"):
-        raise ValueError(f"{run_dir} is not a simulated run (run.json has no sim.source): "
-                         "the counterfactual needs the trace it replayed")
-    traces, source = load_source(sim["source"])
+    sim = meta.get("sim") or {}
+    if not sim.get("source") and not (run_dir / f"trace-r{rank}.npz").exists():
+        raise ValueError(f"{run_dir} is neither a simulated run (run.json has no sim.source) nor "
+                         f"a run with its trace (no trace-r{rank}.npz): the counterfactual needs the "
+                         "trace")
+    # a live run replays its own recorded trace (the replay's check of every hit count says
+    # whether the run is reproduced)
+    traces, source = load_source(sim.get("source") or run_dir)
     if rank not in traces:
-        raise ValueError(f"{sim['source']} has no trace for rank {rank}")
+        raise ValueError(f"{sim.get('source') or run_dir} has no trace for rank {rank}")
     trace = traces[rank]
     pf = dict((meta.get("config") or {}).get("prefetch") or {})
     known = set(PrefetchConfig.model_fields)
@@ -186,6 +196,75 @@ class Branch(Policy):
         return None
 
 
+class _Forks:
+    """A simulated run replayed with its recorded actions (it checks that it reproduces the
+    recorded hits exactly), forked into both branches at chosen minibatches."""
+
+    def __init__(self, run_dir: Path, rank: int, horizon: int):
+        import numpy as np
+
+        from rudder.sim.replay import BufferReplayer, PositionTrace
+
+        trace, pc, C, start, ctx, depth = _sim_inputs(run_dir, rank)
+        self.run_dir, self.rank, self.horizon, self.C = run_dir, rank, horizon, C
+        self.mech = mechanism_for(ctx.lookahead)
+        self.admit = getattr(pc, "admit", "misses")
+        self.decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
+        # the replace branch's budget where a decision names none (a keep): the run's replace budget
+        self.budget = next((d["budget"] for d in self.decisions if d.get("replace") and d.get("budget")),
+                           pc.budget)
+        self.recorded = [int(m["hits"]) for m in sorted(
+            read_jsonl(run_dir / f"minibatches-r{rank}.jsonl"), key=lambda m: m["global_step"])]
+        self.S, self.W = trace.num_minibatches, pc.window
+        self.pt = PositionTrace(trace)
+        actions = RecordedActions(self.decisions, self.mech, self.budget, C, self.admit,
+                                  _fallback_policy(run_dir, ctx, pc), self.S)
+        self.run = BufferReplayer(self.pt, actions, C, alpha=pc.alpha, period=pc.period, depth=depth,
+                                  window=self.W, records=False)
+        self.run.fill(trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64))
+
+    def fits(self, first: int) -> bool:
+        """Whether `horizon` windows from minibatch `first` lie within the run."""
+        return 0 <= first and first + self.horizon * self.W <= self.S
+
+    def branches(self, first: int, rows: int) -> dict:
+        """{"replace"|"keep": (hits, replaced_rows, remote_rows)} over the horizon from `first`,
+        both forked from the run's buffer as it stands before minibatch `first`."""
+        from rudder.sim.replay import replay
+
+        assert self.run.g == first, (self.run.g, first)
+        span = slice(first, first + self.horizon * self.W)
+        res = {}
+        for branch in ("replace", "keep"):
+            b = self.run.fork(Branch(branch == "replace", first, self.W, self.mech, rows, self.admit))
+            n = replay(self.pt, b, stop=span.stop)
+            res[branch] = tuple(int(n[k][span].sum()) for k in ("hits", "replaced_rows", "remote_rows"))
+        return res
+
+    def replay(self, at: dict[int, Any]) -> None:
+        """Replays the whole run; at[first]() is called with the buffer as it stands before
+        minibatch `first` (0 included)."""
+        from rudder.sim.replay import replay
+
+        def after(g: int, c) -> None:
+            if g < len(self.recorded) and c.hits != self.recorded[g]:
+                raise RuntimeError(f"{self.run_dir} rank {self.rank}: replay diverged at minibatch {g} "
+                                   f"({c.hits} hits, the run recorded {self.recorded[g]})")
+            if g + 1 in at:
+                at[g + 1]()
+
+        if 0 in at:
+            at[0]()
+        replay(self.pt, self.run, after_step=after)
+
+
+def _gain(res: dict, rows: int) -> dict:
+    (hr, xr, rem), (hk, xk, _) = res["replace"], res["keep"]
+    gain = (hr - hk) - (xr - xk)  # = rows keep fetches - rows replace fetches (same remote rows)
+    return {"gain": gain, "remote": rem, "share": gain / max(1, rem), "rows": rows,
+            "hits_replace": hr, "hits_keep": hk, "extra_replace": xr, "extra_keep": xk}
+
+
 def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORIZON,
                          budget: Any = None) -> dict[int, dict]:
     """{window id: {"gain", "remote", "share", "hits_replace", "hits_keep", "extra_replace",
@@ -194,48 +273,58 @@ def counterfactual_gains(run_dir: str | Path, rank: int = 0, horizon: int = HORI
     the run's replace decisions, else the run's prefetch budget.
     The run is replayed (rudder.sim.replay) with its recorded actions; at each window close the
     replayer is forked into the two branches."""
-    import numpy as np
-
-    from rudder.sim.replay import BufferReplayer, PositionTrace, replay
-
-    run_dir = Path(run_dir)
-    trace, pc, C, start, ctx, depth = _sim_inputs(run_dir, rank)
-    mech = mechanism_for(ctx.lookahead)
-    admit = getattr(pc, "admit", "misses")
-    decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
-    if budget is None:
-        budget = next((d["budget"] for d in decisions if d.get("replace") and d.get("budget")),
-                      pc.budget)
-    rows = _rows(budget, C)
-    recorded = [int(m["hits"]) for m in sorted(read_jsonl(run_dir / f"minibatches-r{rank}.jsonl"),
-                                               key=lambda m: m["global_step"])]
-
-    S, W = trace.num_minibatches, pc.window
-    pt = PositionTrace(trace)
-    actions = RecordedActions(decisions, mech, budget, C, admit, _fallback_policy(run_dir, ctx, pc), S)
-    run = BufferReplayer(pt, actions, C, alpha=pc.alpha, period=pc.period, depth=depth, window=W,
-                         records=False)
-    run.fill(trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64))
+    f = _Forks(Path(run_dir), rank, horizon)
+    rows = _rows(f.budget if budget is None else budget, f.C)
     out: dict[int, dict] = {}
 
-    def fork_at_window_close(g: int, c) -> None:
-        if g < len(recorded) and c.hits != recorded[g]:
-            raise RuntimeError(f"{run_dir} rank {rank}: replay diverged at minibatch {g} "
-                               f"({c.hits} hits, the run recorded {recorded[g]})")
-        if (g + 1) % W or g + 1 + horizon * W > S:
-            return
-        span = slice(g + 1, g + 1 + horizon * W)
-        res = {}
-        for branch in ("replace", "keep"):
-            b = run.fork(Branch(branch == "replace", g + 1, W, mech, rows, admit))
-            n = replay(pt, b, stop=span.stop)
-            res[branch] = tuple(int(n[k][span].sum()) for k in ("hits", "replaced_rows", "remote_rows"))
-        (hr, xr, rem), (hk, xk, _) = res["replace"], res["keep"]
-        gain = (hr - hk) - (xr - xk)
-        out[(g + 1) // W - 1] = {"gain": gain, "remote": rem, "share": gain / max(1, rem), "rows": rows,
-                                 "hits_replace": hr, "hits_keep": hk, "extra_replace": xr, "extra_keep": xk}
+    def fork(first: int) -> None:
+        out[first // f.W - 1] = _gain(f.branches(first, rows), rows)
 
-    replay(pt, run, after_step=fork_at_window_close)
+    f.replay({first: (lambda first=first: fork(first))
+              for first in range(f.W, f.S + 1, f.W) if f.fits(first)})
+    return out
+
+
+def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -> dict[int, list[dict]]:
+    """The counterfactual judge: every decision of a simulated run, or of a live run that kept
+    its trace (agent, classifier, random collector), with the decision taken and its alternative (replace vs keep) replayed from the
+    same buffer state -- the run's own, at the decision's applied_step -- over `horizon`
+    windows. The replace branch acts as the decision would (`Branch`) at the decision's own
+    budget (a keep that names none, e.g. a classifier's 0.0: the run's replace budget), so the
+    budget is held fixed, not judged. Sets cf_rows_saved, cf_replace_share and correct_cf (rudder.agent.judge.counterfactual)
+    on each record; a decision never applied, a fallback, or one whose horizon runs past the
+    end keeps them null. write: rewrite decisions-r<R>.jsonl (atomically). {rank: records}."""
+    from rudder.agent.judge import counterfactual
+
+    run_dir = Path(run_dir)
+    read_run(run_dir)  # not a run directory: an error naming it
+    out = {}
+    for path in sorted(run_dir.glob("decisions-r*.jsonl")):
+        rank = int(path.stem.rsplit("-r", 1)[1])
+        f = _Forks(run_dir, rank, horizon)
+        recs = [dict(d) for d in f.decisions]
+        at: dict[int, Any] = {}
+
+        def judge(first: int, todo: list[dict]) -> None:
+            for d in todo:
+                rows = _rows(d.get("budget") or f.budget, f.C)
+                cf = _gain(f.branches(first, rows), rows)
+                saved = cf["gain"] if d["replace"] else -cf["gain"]
+                d.update(cf_rows_saved=int(saved), cf_replace_share=round(cf["share"], 6),
+                         correct_cf=counterfactual(d["replace"], d.get("fallback"), cf["share"]))
+
+        for d in recs:
+            d.update(cf_rows_saved=None, cf_replace_share=None, correct_cf=None)
+            a = d.get("applied_step")
+            if a is None or d.get("fallback") or d.get("replace") is None or not f.fits(int(a)):
+                continue
+            at.setdefault(int(a), []).append(d)
+        f.replay({a: (lambda a=a, todo=todo: judge(a, todo)) for a, todo in at.items()})
+        if write:
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(d) + "\n" for d in recs))
+            tmp.replace(path)
+        out[rank] = recs
     return out
 
 
@@ -257,3 +346,19 @@ def check_labels(records: list[dict], run_dir: str | Path, horizon: int = HORIZO
         rec["agrees"] = agrees(lab, bool(rec["label_replace"])) if lab is not None else None
         out.append(rec)
     return out
+
+
+def summarize(recs: list[dict]) -> dict:
+    """Counts of judged decisions: replace saves (> REPLACE_MARGIN of the remote rows), costs
+    (< -REPLACE_MARGIN) or is neutral; Pass@1 before/after (correct) and counterfactual."""
+    judged = [d for d in recs if d.get("cf_replace_share") is not None]
+    sh = [d["cf_replace_share"] for d in judged]
+
+    def p1(key: str) -> tuple[int, int]:
+        ev = [d[key] for d in recs if d.get(key) is not None]
+        return sum(map(bool, ev)), len(ev)
+
+    return {"decisions": len(recs), "judged": len(judged),
+            "saves": sum(x > REPLACE_MARGIN for x in sh), "costs": sum(x < -REPLACE_MARGIN for x in sh),
+            "neutral": sum(abs(x) <= REPLACE_MARGIN for x in sh),
+            "pass_at_1": p1("correct"), "pass_at_1_cf": p1("correct_cf")}

@@ -7,6 +7,8 @@ A decision is judged on what happened after it, in one of four senses, each used
               labels and their decision records' `correct`)
   hindsight   replacing beat keeping in a replay of both branches from the same buffer state
               (`hindsight_label` on rudder.agent.hindsight.counterfactual_gains)
+  counterfactual  the decision's action was the right one by that replay (`counterfactual`:
+              DecisionRecord.correct_cf, counterfactual Pass@1; rudder.agent.hindsight.judge_run)
   label       an answer agrees with a window's label (`agrees`: the eval suite's accuracy and
               the hindsight check of labelled windows)
 """
@@ -94,6 +96,17 @@ def hindsight_label(cf: dict | None, replace_margin: float = REPLACE_MARGIN,
     if cf["share"] <= keep_margin:
         return False
     return None
+
+
+def counterfactual(replace: bool | None, fallback, replace_share: float | None) -> bool | None:
+    """correct_cf: a decision's predicted effect is that its action beats the alternative
+    (replace: replacing saves rows net of the rows it pulls; keep: replacing would not), so it
+    is true when the action agrees with `hindsight_label` of what replacing saved
+    (replace_share); None for a fallback (its action was not the decision's), an unjudged
+    decision, or a saving too close to call (0 < share <= REPLACE_MARGIN)."""
+    if fallback or replace is None or replace_share is None:
+        return None
+    return agrees(bool(replace), hindsight_label({"share": replace_share}))
 
 
 # ---- label ---------------------------------------------------------------------------------

@@ -155,6 +155,11 @@ class Decision(BaseModel):
     outcome_rows_delta: float | None = Field(
         None, description="measured relative change of fetched rows per minibatch")
     correct: bool | None = Field(None, description="both predicted directions came true")
+    cf_rows_saved: int | None = Field(None, description="counterfactual: rows the alternative "
+                                      "fetches minus rows this decision fetched (set after the run)")
+    cf_replace_share: float | None = Field(None, description="counterfactual: rows replacing saves "
+                                           "vs keeping, share of the horizon's remote rows")
+    correct_cf: bool | None = Field(None, description="the action was right by the counterfactual")
     created_at: float = Field(default_factory=time.time)
 
     @classmethod

@@ -156,6 +156,10 @@ SELECT d.policy, d.model, count(DISTINCT d.run_id) AS runs, count(*) AS decision
        count(d.correct) AS evaluated,  -- decisions whose outcome was measured
        count(*) FILTER (WHERE d.correct) AS correct,
        count(*) FILTER (WHERE d.correct) / nullif(count(d.correct), 0) AS pass_at_1,
+       count(d.correct_cf) AS evaluated_cf,  -- judged against the counterfactual (rudder agent judge)
+       count(*) FILTER (WHERE d.correct_cf) AS correct_cf,
+       count(*) FILTER (WHERE d.correct_cf) / nullif(count(d.correct_cf), 0) AS pass_at_1_cf,
+       sum(d.cf_rows_saved) AS cf_rows_saved,
        count(*) FILTER (WHERE d.fallback) AS fallbacks,
        count(*) FILTER (WHERE d.replace) AS replaced
 FROM decisions d JOIN {runs} USING (run_id)
@@ -212,7 +216,9 @@ NAMED: dict[str, NamedQuery] = {q.name: q for q in [
                "judged and applied, replace/keep, budget, fallback, the model's reason",
                _AGENT_DECISIONS),
     NamedQuery("pass_at_1", "share of policy decisions whose predicted effect matched the "
-               "outcome (correct=true among evaluated), by policy and model", _PASS_AT_1),
+               "outcome (correct=true among evaluated), by policy and model; pass_at_1_cf: the share whose "
+               "action beat its alternative replayed from the same buffer (correct_cf), cf_rows_saved: "
+               "rows the decisions saved against their alternatives", _PASS_AT_1),
     NamedQuery("staleness", "decision staleness (minibatches from decided to applied) p50/p95 "
                "and answer latency, by policy and model", _STALENESS),
     NamedQuery("failed_runs", "runs that did not complete (failed, or still running / killed), "

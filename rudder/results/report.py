@@ -112,6 +112,7 @@ def write_report(db_path: str | Path = "results.duckdb", out_dir: str | Path = "
     else:
         md += ["#### Pass@1", "", NAMED["pass_at_1"].description + ".", "",
                _md_table(tables["pass_at_1"]), "",
+               _pass_line(tables["pass_at_1"]), "",
                "#### Staleness", "", NAMED["staleness"].description + ".", "",
                _md_table(tables["staleness"]), ""]
 
@@ -280,6 +281,15 @@ def agent_lines(decisions: pd.DataFrame, steps: dict | None = None) -> list[str]
                "lookahead when the run samples ahead), so the agent's rows and hits are mostly "
                "the fallback's where answers come late: " + "; ".join(runs) + ".", ""]
     return md
+
+
+def _pass_line(p) -> str:
+    """All decisions: Pass@1 before/after beside the counterfactual's (correct_cf)."""
+    def share(ok: str, n: str) -> str:
+        total = int(p[n].sum())
+        return f"{int(p[ok].sum()) / total:.2f} ({total} judged)" if total else "not judged"
+    return (f"Pass@1 of all decisions: before/after {share('correct', 'evaluated')}, "
+            f"counterfactual {share('correct_cf', 'evaluated_cf')} (`rudder agent judge RUN_DIR`).")
 
 
 # --- data ---------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from rudder.records import RECORDS, column_kinds
 
 # v2: decisions.outcome_hit_rate/outcome_remote_rows are directions (VARCHAR), the numbers are
 #     outcome_hit_delta/outcome_rows_delta (DOUBLE)
-SCHEMA_VERSION = 2  # bump when a table changes shape; an older file must be re-collected
+# v3: decisions.cf_rows_saved, cf_replace_share, correct_cf (the counterfactual judge)
+SCHEMA_VERSION = 3  # bump when a table changes shape; an older file must be re-collected
 
 # Kinds: int -> BIGINT, float -> DOUBLE, bool -> BOOLEAN, str -> VARCHAR, ts -> TIMESTAMP (UTC),
 # json -> JSON; flag -> BOOLEAN where any other text counts as true (and is kept in `extra`).
