@@ -161,6 +161,17 @@ def test_hit_rate_figure_has_belady_beside_each_policy(study_db):
         assert np.all((ys >= 0) & (ys <= 100))
 
 
+def test_hit_rate_figure_of_a_replay_without_a_machine_count(study_db):
+    _, db, _, _ = study_db
+    with ResultsStore(db, read_only=True) as st:
+        hits = hit_rate_series(st, "s")
+        bel, steps, _ = versus_belady(st, "s")
+    hits["machines"] = hits["machines"].where(hits["machines"] != 4)  # 4 -> unknown (NA)
+    fig = hit_rate_figure(hits, bel, steps)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["synth-small, 2 machines",
+                                                                  "synth-small, ? machines"]
+
+
 def test_decisions_figure_marks_every_decision_with_its_reason(study_db):
     _, db, _, _ = study_db
     with ResultsStore(db, read_only=True) as st:

@@ -407,6 +407,9 @@ def savings_figure(vs: pd.DataFrame, bel_runs: pd.DataFrame):
 def hit_rate_figure(hits: pd.DataFrame, bel_runs: pd.DataFrame, bel_steps: pd.DataFrame):
     """One panel per (dataset, machines): %-hits over training per policy, and Belady's on
     the same minibatches (pooled over the buffered runs of the panel)."""
+    # a replay (rudder sim) may not know its machine count: one "?" panel (-1), not one per NaN
+    hits = hits.assign(machines=hits["machines"].fillna(-1))
+    bel_runs = bel_runs.assign(machines=bel_runs["machines"].fillna(-1)) if not bel_runs.empty else bel_runs
     keys = list(dict.fromkeys(zip(hits["dataset"], hits["machines"])))
     ncols = min(2, len(keys))
     nrows = math.ceil(len(keys) / ncols)
@@ -432,7 +435,7 @@ def hit_rate_figure(hits: pd.DataFrame, bel_runs: pd.DataFrame, bel_steps: pd.Da
                             "remote_rows", width)
                 ax.plot(g["bin"], g["hit_pct"], label="Belady's optimum", color="black",
                         ls="--", lw=1.4)
-        ax.set_title(f"{ds}, {int(m)} machines: hit rate over training")
+        ax.set_title(f"{ds}, {'?' if m < 0 else int(m)} machines: hit rate over training")
         ax.set_xlabel("minibatch (global step of each trainer)")
         ax.set_ylabel("%-hits (buffer hits / remote rows)")
         ax.set_ylim(0, 100)
