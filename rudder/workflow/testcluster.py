@@ -37,6 +37,24 @@ def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None]
 
 
+# Settings both test clusters share: no munge or accounting, processes tracked from /proc, every
+# daemon as root (ENVIRONMENT.md, "Slurm, for real, on one machine").
+COMMON_CONF = (
+    "AuthType=auth/none",
+    "CredType=cred/none",
+    "ProctrackType=proctrack/linuxproc",
+    "TaskPlugin=task/none",
+    "SelectType=select/cons_tres",
+    "SelectTypeParameters=CR_Core",
+    "SchedulerType=sched/backfill",
+    "SlurmUser=root",
+    "SlurmdUser=root",
+    "MpiDefault=none",
+    "JobAcctGatherType=jobacct_gather/none",
+    "AccountingStorageType=accounting_storage/none",
+)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,18 +103,7 @@ class SlurmTestCluster:
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
-            "AuthType=auth/none",
-            "CredType=cred/none",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "SchedulerType=sched/backfill",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "MpiDefault=none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *COMMON_CONF,
             "ReturnToService=2",
             "KillWait=5",
             "MinJobAge=30",
@@ -327,18 +334,7 @@ class NetnsSlurmCluster(SlurmTestCluster):
             f"SlurmctldHost={self.ctl_host}({self.address})",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",  # one port: every slurmd has its own namespace
-            "AuthType=auth/none",
-            "CredType=cred/none",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "SchedulerType=sched/backfill",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "MpiDefault=none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *COMMON_CONF,
             "SlurmdParameters=config_overrides",
             "ReturnToService=2",
             "MailProg=/bin/true",
