@@ -3,7 +3,7 @@ on traces of `rudder tracegen` (no training); the default lookahead policy's hit
 both (how much of the unrestricted optimum today's halo-only buffer reaches).
 
   python benchmarks/bench_oracle_universe.py --graphs synth-small synth-medium --parts 2 4 \\
-      --fractions 0.25 0.5 --trace-dir traces/oracle-universe
+      --fractions 0.25 0.5 --trace-dir data/traces/oracle-universe
 """
 from __future__ import annotations
 
