@@ -45,3 +45,35 @@ def test_epochs_without_an_epoch_time_are_left_out_of_the_means():
     b = run_bounds(mbs, {0: [{"epoch": 0, "t_epoch": 2.0}]})
     assert (b.compute_s, b.pipeline_s, b.epoch_s) == pytest.approx((1.0, 1.0, 2.0))
     assert b.epochs == 2 and b.per_epoch[1]["epoch_s"] is None
+
+
+def test_the_same_bound_as_the_results_store(tmp_path):
+    """One definition: the store's vs_none query (SQL) and run_bounds agree on a run whose
+    ranks differ in sampling and compute time step by step."""
+    import json
+    import random
+
+    from rudder.records import read_jsonl
+    from rudder.results import queries
+    from rudder.results.store import ResultsStore
+    from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
+
+    d = write_synthetic_run(tmp_path / "runs", "r", policy="static", machines=2, epochs=2, steps=7)
+    rng = random.Random(1)
+    mbs, eps = {}, {}
+    for rank in (0, 1):
+        p = d / f"minibatches-r{rank}.jsonl"
+        recs = [{**m, "t_sample": rng.uniform(0.01, 0.2), "t_compute": rng.uniform(0.02, 0.15)}
+                for m in read_jsonl(p)]
+        p.write_text("".join(json.dumps(m) + "\n" for m in recs))
+        mbs[rank], eps[rank] = recs, read_jsonl(d / f"epochs-r{rank}.jsonl")
+    b = run_bounds(mbs, eps)
+    db = tmp_path / "r.duckdb"
+    with ResultsStore(db) as st:
+        st.ingest_runs([tmp_path / "runs"])
+    with ResultsStore(db, read_only=True) as st:
+        row = queries.run_named(st, "vs_none").iloc[0]
+    assert row.bound_s == pytest.approx(b.pipeline_s)
+    assert row.epoch_s == pytest.approx(b.epoch_s)
+    assert row.epoch_over_bound == pytest.approx(b.epoch_over_pipeline)
+    assert b.compute_s < b.pipeline_s  # sampling is slower than compute on some steps here
