@@ -235,6 +235,8 @@ def test_oracle_cli_reports_the_two_optima_apart(tmp_path):
     assert (res["belady"]["hits"], res["belady_all_remote"]["hits"]) == (1, 3)
     assert (res["belady"]["fetched_rows"], res["belady_all_remote"]["fetched_rows"]) == (6, 4)
     assert res["run"] is None and res["hits_fraction_of_all_remote"] is None
+    assert (res["halo_nodes"], res["remote_nodes"]) == (2, 3)
+    assert res["capacity_fraction_of_halo"] == 0.5 and res["capacity_fraction_of_remote_nodes"] == 1 / 3
 
 
 def test_oracle_cli_errors(tmp_path):

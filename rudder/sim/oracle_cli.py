@@ -11,7 +11,6 @@ run directory ("belady": halo only, "belady_all_remote": all remote nodes).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -72,6 +71,10 @@ def compare_run(run_dir: Path, start: str = "init", capacity: int | None = None,
             "rank": rank, "trace": str(path), "capacity": b.capacity, "start": start,
             "minibatches": n, "halo_nodes": bs["universe_nodes"],
             "remote_nodes": ba["universe_nodes"],  # distinct remote ids the trace holds (∪ halo)
+            # the same memory as a share of each universe
+            "capacity_fraction_of_halo": b.capacity / bs["universe_nodes"] if bs["universe_nodes"] else None,
+            "capacity_fraction_of_remote_nodes": (b.capacity / ba["universe_nodes"]
+                                                  if ba["universe_nodes"] else None),
             "belady": bs, "belady_all_remote": ba, "run": run,
             # share of the optimum's hits the run got (can exceed 1 only by pulling extra rows)
             "hits_fraction_of_optimal": _ratio(run, "hits", bs),
