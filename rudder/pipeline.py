@@ -152,7 +152,7 @@ class MinibatchPipeline:
             t_pol = time.perf_counter() - t_pol  # the agent's cost to training: queue polls only
             if self.trace_writer is not None:
                 self.trace_writer.add(epoch, remote, input_rows=int(input_nodes.numel()))
-            x, stats = self.feats.fetch(input_nodes, plan, future)
+            x, stats = self.feats.fetch(input_nodes, plan, future, remote=remote)
             y = self.labels[seeds]
             bad = 0
             if self.check:  # here, not in the training thread: DGL RPC stays on one thread

@@ -18,17 +18,25 @@ def _ranks(run_dir: Path, stem: str) -> list[Path]:
     return sorted(run_dir.glob(f"{stem}-r*.jsonl"), key=lambda p: int(p.stem.rsplit("-r", 1)[1]))
 
 
+def _by_rank(run_dir: Path, stem: str) -> dict[int, list[dict]]:
+    return {int(p.stem.rsplit("-r", 1)[1]): read_jsonl(p) for p in _ranks(run_dir, stem)}
+
+
 def summarize_run(run_dir: str | Path) -> dict:
     """Totals over every rank: remote rows (what `none` pulls), fetched rows, hits, Belady's
-    hits on the recorded traces, mean epoch time (slowest rank), decisions, feature check."""
+    hits on the recorded traces (halo only, and over all remote nodes, at the run's capacity),
+    mean epoch time (slowest rank) and its compute-only and pipeline bounds (rudder.bounds),
+    decisions, feature check."""
+    from rudder.bounds import run_bounds
     from rudder.sim.oracle import belady
-    from rudder.sim.trace import Trace, find_traces
+    from rudder.trace import Trace, find_traces
 
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
     policy = ((run.get("config") or {}).get("prefetch") or {}).get("policy", "?")
-    mbs = [m for p in _ranks(run_dir, "minibatches") for m in read_jsonl(p)]
-    epochs = [e for p in _ranks(run_dir, "epochs") for e in read_jsonl(p)]
+    mbs_by_rank, epochs_by_rank = _by_rank(run_dir, "minibatches"), _by_rank(run_dir, "epochs")
+    mbs = [m for v in mbs_by_rank.values() for m in v]
+    epochs = [e for v in epochs_by_rank.values() for e in v]
     out: dict = {"policy": policy, "minibatches": len(mbs),
                  "remote_rows": sum(m["remote_rows"] for m in mbs),
                  "fetched_rows": sum(m["fetched_rows"] for m in mbs),
@@ -38,12 +46,17 @@ def summarize_run(run_dir: str | Path) -> dict:
     if traces:  # `none` pulls every remote access of the trace; Belady with the run's capacity
         loaded = [Trace.load(p) for p in traces.values()]
         out["none_rows"] = sum(t.num_accesses for t in loaded)
-        out["belady_hits"] = sum(belady(t).total_hits for t in loaded) if policy != "none" else 0
+        buffered = policy != "none"  # `none` has no buffer: no optimum to set it beside
+        out["belady_hits"] = sum(belady(t).total_hits for t in loaded) if buffered else 0
+        out["belady_all_hits"] = (sum(belady(t, universe="all").total_hits for t in loaded)
+                                  if buffered else 0)
     per_epoch: dict[int, float] = {}
     for e in epochs:
         per_epoch[e["epoch"]] = max(per_epoch.get(e["epoch"], 0.0), e["t_epoch"])
     out["epochs"] = len(per_epoch)
     out["epoch_s"] = sum(per_epoch.values()) / len(per_epoch) if per_epoch else None
+    b = run_bounds(mbs_by_rank, epochs_by_rank)
+    out["bounds"] = {k: v for k, v in b.to_dict().items() if k != "per_epoch"} if mbs else None
     decisions = [d for p in _ranks(run_dir, "decisions") for d in read_jsonl(p)]
     out["decisions"] = len(decisions)
     out["applied"] = sum(1 for d in decisions if d.get("applied_step") is not None and not d.get("fallback"))
@@ -74,8 +87,16 @@ def format_summary(s: dict) -> str:
         + (f"; Belady on the same traces: {s['belady_hits']:,} "
            f"(run/optimal {s['hits'] / s['belady_hits']:.3f})" if s.get("belady_hits") else ""),
     ]
+    if s.get("belady_all_hits"):
+        lines.append(f"Belady         halo only {s.get('belady_hits', 0):,} hits, all remote nodes "
+                     f"{s['belady_all_hits']:,} (same capacity; run/all remote "
+                     f"{s['hits'] / s['belady_all_hits']:.3f})")
     if s["epoch_s"] is not None:
         lines.append(f"epoch time     {s['epoch_s']:.2f} s (mean of {s['epochs']} epoch(s), slowest rank)")
+    b = s.get("bounds")
+    if b and b["epoch_s"] is not None and b["pipeline_s"] and b["compute_s"]:
+        lines.append(f"bounds         pipeline {b['pipeline_s']:.2f} s (epoch {b['epoch_over_pipeline']:.2f}x), "
+                     f"compute-only {b['compute_s']:.2f} s (epoch {b['epoch_over_compute']:.2f}x)")
     if base in DECIDING or s["decisions"]:
         lines.append(f"decisions      {s['decisions']}: {s['applied']} applied ({s['replace']} replace), "
                      f"{s['fallbacks']} fell back")

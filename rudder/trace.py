@@ -10,7 +10,8 @@ Arrays in the .npz (all the simulator needs; no feature rows):
   offsets     int64 [S+1]  minibatch i's accesses are ids[offsets[i]:offsets[i+1]]
   ids         int64 [N]    each minibatch's remote input node ids, concatenated; unique within a
                            minibatch. Remote ids that are not halo nodes (2+ hops away) appear
-                           too: they count as remote accesses but can never be buffered.
+                           too: they count as remote accesses but can never be buffered
+                           by the halo buffer (the oracle's "all remote nodes" universe keeps them).
   epoch       int32 [S]    epoch of each minibatch
   init        int64 [K]    ids of the buffer's initial fill (K <= capacity)
   input_rows  int64 [S]    all input rows of each minibatch (local + remote); -1 = not recorded

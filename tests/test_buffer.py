@@ -273,3 +273,24 @@ def test_lookahead_never_swaps_for_an_equally_soon_use(admit):
     finish_step(buf, step)
     assert step.newcomers.numel() == 0 and step.extra_ids.numel() == 0
     assert buf.contents().tolist() == [0]
+
+
+def test_a_minibatch_seen_ahead_is_searched_once():
+    """The lookahead round's halo positions of a sampled-ahead minibatch serve its own lookup
+    when it is trained on (one search per minibatch), with the same answer as a fresh search."""
+    halo = torch.arange(0, 200, 2)
+    buf = HaloBuffer(halo, 10, 0, store_features=False)
+    buf.fill(halo[:10])
+    mbs = [torch.tensor([0, 2, 30, 31, 44]), torch.tensor([4, 30, 33, 50, 190]), torch.tensor([8, 31])]
+    searched = []
+    search = buf.halo_positions
+    buf.halo_positions = lambda ids: (searched.append(ids.numel()), search(ids))[1]
+    begin_step(buf, mbs[0], Replace("lookahead", 5), mbs[1:])
+    assert searched == [5, 5, 2]  # mbs[0] fresh; mbs[1], mbs[2] by the round (memoised)
+    expect = [t.clone() for t in HaloBuffer(halo, 10, 0, store_features=False).locate(mbs[1])]
+    expect[2] = torch.where(expect[0], buf.slot_of[expect[1]], -1)  # slots of this buffer
+    got = buf.locate(mbs[1])
+    assert searched == [5, 5, 2]  # not searched again
+    assert all(torch.equal(a[got[0]], b[expect[0]]) for a, b in zip(got, expect)) and torch.equal(got[0], expect[0])
+    buf.locate(mbs[1].clone())  # other storage: searched (the memo keys on the tensor)
+    assert searched == [5, 5, 2, 5]

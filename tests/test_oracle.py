@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rudder.sim.oracle import belady, next_uses
+from rudder.sim.oracle import NAMES, all_remote, belady, next_uses
 from rudder.records import JsonlWriter
 from rudder.sim.simulate import simulate
 from rudder.sim.trace import Trace
@@ -77,10 +77,13 @@ def test_next_uses():
 
 
 # ---- brute force ---------------------------------------------------------------------------
-def brute_force(trace: Trace, C: int, start: str) -> int:
+def brute_force(trace: Trace, C: int, start: str, universe: str = "halo") -> int:
     """Max total hits over every choice of what to keep after each minibatch (subsets of
-    resident ∪ this minibatch's halo ids, at most C), by dynamic programming over states."""
+    resident ∪ this minibatch's cacheable ids, at most C), by dynamic programming over states.
+    Cacheable: the halo, or (universe "all") every id the trace holds."""
     halo = set(trace.halo.tolist())
+    if universe == "all":
+        halo |= set(trace.ids.tolist())
     init = frozenset(trace.init.tolist()[:C]) if start == "init" else frozenset()
     best = {init: 0}
     for i in range(trace.num_minibatches):
@@ -112,6 +115,52 @@ def test_belady_equals_brute_force_optimum(case, start):
     mbs, C, init = case
     t = Trace.from_minibatches([0, 1, 2, 3, 4], mbs, init=init[:C], capacity=C)  # 5 is not halo
     assert belady(t, C, start).total_hits == brute_force(t, C, start)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_traces, st.sampled_from(["init", "empty"]))
+def test_belady_over_all_remote_nodes_equals_brute_force_optimum(case, start):
+    """Ids 5..7 are remote but not halo: only the unrestricted optimum may keep them."""
+    mbs, C, init = case
+    mbs = [[x + 2 * (x % 2) if x >= 3 else x for x in m] for m in mbs]  # 3->5, 5->7; 4 stays
+    mbs = [sorted(set(m)) for m in mbs]
+    t = Trace.from_minibatches([0, 1, 2, 3, 4], mbs, init=init[:C], capacity=C)
+    alln = belady(t, C, start, universe="all")
+    assert alln.total_hits == brute_force(t, C, start, "all")
+    assert alln.total_hits >= belady(t, C, start).total_hits  # a larger universe, same memory
+    assert alln.total_remote == t.num_accesses
+
+
+# ---- halo only vs all remote nodes -------------------------------------------------------------
+def reused_two_hop():
+    """9 is remote but 2 hops away (not halo) and asked for every minibatch; halo nodes 1, 2
+    come and go. One row of buffer memory: the halo-only optimum can keep only 1 (one hit);
+    over all remote nodes it keeps 9 (three hits)."""
+    return T([[1, 9], [2, 9], [1, 9], [9]], halo=[1, 2], capacity=1)
+
+
+def test_all_remote_nodes_beat_the_halo_by_construction():
+    t = reused_two_hop()
+    halo, alln = belady(t, start="empty"), belady(t, start="empty", universe="all")
+    assert halo.hits.tolist() == [0, 0, 1, 0]
+    assert alln.hits.tolist() == [0, 1, 1, 1]
+    assert halo.total_remote == alln.total_remote == 7  # the same accesses, the same memory
+    assert halo.capacity == alln.capacity == 1
+    assert (halo.misses, alln.misses) == (6, 4)
+    assert halo.summary()["name"] == NAMES["halo"] == "Belady, halo only"
+    assert alln.summary()["name"] == NAMES["all"] == "Belady, all remote nodes"
+    assert (halo.summary()["universe_nodes"], alln.summary()["universe_nodes"]) == (2, 3)
+    assert all_remote(t).halo.tolist() == [1, 2, 9] and t.halo.tolist() == [1, 2]  # unchanged
+
+
+def test_all_remote_equals_halo_when_every_remote_node_is_halo():
+    t = random_trace(halo=80, minibatches=15, batch=20, nonhalo=0.0, capacity=0.3, seed=5)
+    assert belady(t, universe="all").hits.tolist() == belady(t).hits.tolist()
+
+
+def test_unknown_universe_is_named():
+    with pytest.raises(ValueError, match="'everything'"):
+        belady(reused_two_hop(), universe="everything")
 
 
 # ---- bounds against every policy ----------------------------------------------------------
@@ -167,7 +216,27 @@ def test_oracle_cli(tmp_path, capsys):
     assert out["hits_fraction_of_optimal"] == pytest.approx(sim.total("hits") / opt.total_hits)
     assert 0 < out["hits_fraction_of_optimal"] <= 1
     assert out["fetched_ratio_to_optimal"] >= 1
-    assert "belady hit%" in capsys.readouterr().out
+    alln = belady(t, universe="all")
+    assert out["belady_all_remote"]["hits"] == alln.total_hits >= opt.total_hits
+    assert out["belady_all_remote"]["name"] == "Belady, all remote nodes"
+    assert out["belady"]["name"] == "Belady, halo only"
+    assert out["hits_fraction_of_all_remote"] == pytest.approx(sim.total("hits") / alln.total_hits)
+    assert out["halo_nodes"] == 100 and out["remote_nodes"] == np.union1d(t.halo, t.ids).size
+    text = capsys.readouterr().out
+    assert "halo hit%" in text and "all hit%" in text and "Belady, all remote nodes" in text
+
+
+def test_oracle_cli_reports_the_two_optima_apart(tmp_path):
+    from rudder.sim.oracle_cli import compare_run
+
+    t = reused_two_hop()
+    t.save(tmp_path / "trace-r0.npz")
+    [res] = compare_run(tmp_path, start="empty", write=False)
+    assert (res["belady"]["hits"], res["belady_all_remote"]["hits"]) == (1, 3)
+    assert (res["belady"]["fetched_rows"], res["belady_all_remote"]["fetched_rows"]) == (6, 4)
+    assert res["run"] is None and res["hits_fraction_of_all_remote"] is None
+    assert (res["halo_nodes"], res["remote_nodes"]) == (2, 3)
+    assert res["capacity_fraction_of_halo"] == 0.5 and res["capacity_fraction_of_remote_nodes"] == 1 / 3
 
 
 def test_oracle_cli_errors(tmp_path):

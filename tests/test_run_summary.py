@@ -45,3 +45,31 @@ def test_summary_against_none_and_belady_from_the_trace(tmp_path):
     assert s["none_rows"] == t.num_accesses == s["remote_rows"]
     assert s["belady_hits"] == simulate(t, "belady").total("hits") >= s["hits"]
     assert f"Belady on the same traces: {s['belady_hits']:,}" in format_summary(s)
+
+
+def test_summary_sets_belady_over_all_remote_nodes_beside_the_halo_only_one(tmp_path):
+    from rudder.sim.oracle import belady
+
+    t = random_trace(halo=200, minibatches=30, batch=60, nonhalo=0.3, capacity=0.2, epochs=2, seed=7)
+    d = write_sim_run(tmp_path, [simulate(t, "static")], {"name": "src", "path": "x"})
+    t.save(d / "trace-r0.npz")
+    s = summarize_run(d)
+    assert s["belady_all_hits"] == belady(t, universe="all").total_hits >= s["belady_hits"]
+    assert (f"Belady         halo only {s['belady_hits']:,} hits, all remote nodes "
+            f"{s['belady_all_hits']:,}") in format_summary(s)
+
+
+def test_summary_shows_the_bounds_from_the_records(tmp_path):
+    from rudder.bounds import run_bounds
+
+    d = write_synthetic_run(tmp_path, "a", policy="static", epochs=2, steps=6)
+    s = summarize_run(d)
+    ranks = sorted(d.glob("minibatches-r*.jsonl"))
+    b = run_bounds({i: read_jsonl(p) for i, p in enumerate(ranks)},
+                   {i: read_jsonl(d / f"epochs-r{i}.jsonl") for i in range(len(ranks))})
+    # the toy records: 6 steps x 0.05 s compute, sampling 0.02 s < compute
+    assert s["bounds"]["compute_s"] == b.compute_s == s["bounds"]["pipeline_s"]
+    assert abs(b.compute_s - 6 * 0.05) < 1e-9
+    assert s["bounds"]["epoch_over_pipeline"] == s["epoch_s"] / b.pipeline_s
+    assert (f"bounds         pipeline {b.pipeline_s:.2f} s (epoch {s['epoch_s'] / b.pipeline_s:.2f}x), "
+            f"compute-only {b.compute_s:.2f} s") in format_summary(s)

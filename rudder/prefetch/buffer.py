@@ -89,8 +89,10 @@ class HaloBuffer:
         return slots >= 0, slots
 
     def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(is_halo, halo position, slot or -1) for each id: one search serves lookup and record."""
-        is_halo, pos = self.halo_positions(ids)
+        """(is_halo, halo position, slot or -1) for each id: one search serves lookup and record.
+        A minibatch that an earlier lookahead round saw ahead is not searched again (memo)."""
+        hit = self._memo(ids)
+        is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
         slots = torch.where(is_halo, self.slot_of[pos], torch.full_like(pos, -1))
         return is_halo, pos, slots
 
@@ -133,20 +135,31 @@ class HaloBuffer:
         empty = torch.nonzero(~filled).flatten()
         return torch.cat([empty, stale])
 
+    @staticmethod
+    def _memo_key(ids: torch.Tensor) -> tuple:
+        return (ids.data_ptr(), ids.numel(), ids.stride(0) if ids.dim() else 1)
+
+    def _memo(self, ids: torch.Tensor) -> tuple | None:
+        """(ids, is_halo, pos, halo positions) of a minibatch a lookahead round looked at, or None.
+        The memo holds the ids tensor, so its storage stays alive: another tensor with the same
+        address, length and stride is a view of the same ids (the simulator re-slices each step)."""
+        hit = self._pos_memo.get(self._memo_key(ids))
+        if hit is None or hit[0].untyped_storage().data_ptr() != ids.untyped_storage().data_ptr():
+            return None
+        return hit
+
     def _future_positions(self, ids: torch.Tensor) -> torch.Tensor:
         """Halo positions of a sampled-ahead minibatch, memoised: each one is looked at on
-        every round until it is trained on (the tensors stay alive in the lookahead queue)."""
-        key = (ids.data_ptr(), ids.numel(), ids.stride(0) if ids.dim() else 1)
-        hit = self._pos_memo.get(key)
-        # the memo holds the ids tensor, so its storage stays alive: another tensor with the same
-        # address, length and stride is a view of the same ids (the simulator re-slices each step)
-        if hit is None or hit[0].untyped_storage().data_ptr() != ids.untyped_storage().data_ptr():
+        every round until it is trained on (the tensors stay alive in the lookahead queue), and
+        `locate` reuses them when it is (one search per minibatch)."""
+        hit = self._memo(ids)
+        if hit is None:
             is_halo, pos = self.halo_positions(ids)
-            hit = (ids, pos[is_halo])
-            self._pos_memo[key] = hit
+            hit = (ids, is_halo, pos, pos[is_halo])
+            self._pos_memo[self._memo_key(ids)] = hit
             while len(self._pos_memo) > 16:
                 self._pos_memo.pop(next(iter(self._pos_memo)))
-        return hit[1]
+        return hit[3]
 
     def stale_count(self) -> int:
         return int(((self.slot_pos >= 0) & (self.score < self.threshold)).sum())

@@ -83,12 +83,15 @@ class BufferedFeatures:
         return input_nodes[self.owner_of(input_nodes) != self.part_id]
 
     def fetch(
-        self, input_nodes: torch.Tensor, plan: Replace | None = None, future: list[torch.Tensor] = ()
+        self, input_nodes: torch.Tensor, plan: Replace | None = None, future: list[torch.Tensor] = (),
+        remote: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, FetchStats]:
         """The output is the pull itself, in input order: each buffer hit's id is swapped for
         `local_id` (a local row, no network) and overwritten with the buffered row afterwards,
         and the newcomers pulled only for the buffer ride at the end. Assembling into a fresh
-        tensor instead would copy (and page-fault in) every local row a second time."""
+        tensor instead would copy (and page-fault in) every local row a second time.
+        `remote`: this minibatch's `remote_ids(input_nodes)` tensor if the caller has it (the
+        one an earlier lookahead round saw in `future`: the buffer then searches it only once)."""
         st = FetchStats(input_rows=int(input_nodes.numel()))
         remote_idx = torch.nonzero(self.owner_of(input_nodes) != self.part_id).flatten()
         st.remote_rows = int(remote_idx.numel())
@@ -102,7 +105,7 @@ class BufferedFeatures:
             return out, st
 
         t0 = time.perf_counter()
-        step = begin_step(self.buffer, input_nodes[remote_idx], plan, future)
+        step = begin_step(self.buffer, input_nodes[remote_idx] if remote is None else remote, plan, future)
         hit_idx = remote_idx[step.hit_mask]
         n = input_nodes.numel()
         if self.compact:

@@ -13,6 +13,10 @@ above it, but never fetch fewer rows in all.
 
 Vectorised: the next use of every access comes from one stable sort of the trace by halo
 node; then each minibatch is a mask lookup and one partition (top-k) over resident ∪ misses.
+
+Two universes, at the same buffer memory (capacity rows): `halo` (the 1-hop halo, what the
+buffer can hold today) and `all` (every remote node the trace records, 2+ hops included: the
+unrestricted optimum, the yardstick for a buffer beyond the halo).
 """
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ import numpy as np
 from rudder.trace import Trace
 
 Start = Literal["init", "empty"]
+Universe = Literal["halo", "all"]
+# what each result is, in words (CLI tables, JSON, run summary)
+NAMES = {"halo": "Belady, halo only", "all": "Belady, all remote nodes"}
 
 
 @dataclass
@@ -35,6 +42,8 @@ class OracleResult:
     admitted: np.ndarray  # [S] nodes newly kept after each minibatch (no extra rows: misses)
     initial_fill: int  # rows of the starting contents (reported apart, as in training)
     extra: dict = field(default_factory=dict)
+    universe: str = "halo"  # the nodes it could keep: halo | all (every remote node)
+    universe_nodes: int = 0  # how many
 
     @property
     def total_hits(self) -> int:
@@ -57,6 +66,9 @@ class OracleResult:
     def summary(self) -> dict:
         return {
             "policy": "belady",
+            "name": NAMES[self.universe],
+            "universe": self.universe,
+            "universe_nodes": self.universe_nodes,
             "capacity": self.capacity,
             "start": self.start,
             "minibatches": int(self.hits.size),
@@ -98,14 +110,30 @@ def next_uses(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
     return nxt, first, INF
 
 
-def belady(trace: Trace, capacity: int | None = None, start: Start = "init") -> OracleResult:
+def all_remote(trace: Trace) -> Trace:
+    """The same trace with every remote node it records cacheable (halo ∪ accessed ids): the
+    universe of a buffer not restricted to the 1-hop halo. Accesses, fill and capacity unchanged."""
+    out = Trace(halo=np.union1d(trace.halo, trace.ids), offsets=trace.offsets, ids=trace.ids,
+                epoch=trace.epoch, init=trace.init, capacity=trace.capacity,
+                feat_bytes=trace.feat_bytes, part_id=trace.part_id, num_parts=trace.num_parts,
+                input_rows=trace.input_rows, meta=dict(trace.meta))
+    return out
+
+
+def belady(trace: Trace, capacity: int | None = None, start: Start = "init",
+           universe: Universe = "halo") -> OracleResult:
     """Belady (demand fetch, bypass) over the whole trace. `start`: the trace's initial fill
-    (`init`, as the run started) or an empty cache."""
+    (`init`, as the run started) or an empty cache. `universe`: keep only halo nodes (`halo`)
+    or any remote node (`all`), with the same capacity in rows."""
     C = trace.capacity if capacity is None else int(capacity)
     if C < 0:
-        raise ValueError("capacity must be >= 0")
+        raise ValueError(f"capacity must be >= 0, got {C}")
     if start not in ("init", "empty"):
         raise ValueError(f"unknown start {start!r}; valid: init, empty")
+    if universe not in NAMES:
+        raise ValueError(f"unknown universe {universe!r}; valid: {', '.join(NAMES)}")
+    if universe == "all":
+        trace = all_remote(trace)
     S, H = trace.num_minibatches, trace.num_halo
     nxt, first, INF = next_uses(trace)
     ok, pos = trace.halo_positions()
@@ -147,4 +175,5 @@ def belady(trace: Trace, capacity: int | None = None, start: Start = "init") -> 
         resident[keep] = True
         admitted[t] = np.count_nonzero(resident[new])
         res = keep
-    return OracleResult(C, start, hits, sizes.astype(np.int64), admitted, initial_fill)
+    return OracleResult(C, start, hits, sizes.astype(np.int64), admitted, initial_fill,
+                        universe=universe, universe_nodes=H)

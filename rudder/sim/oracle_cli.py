@@ -1,14 +1,16 @@
 """`rudder oracle RUN_DIR`: how far a run's buffer was from the hindsight optimum.
 
 For every trace-r<R>.npz of the run, Belady's optimal replacement (demand fetch, bypass; see
-rudder.sim.oracle) is computed for the run's capacity and initial fill, and set beside what
-the run measured (minibatches-r<R>.jsonl: hits, remote_rows, fetched_rows). Written to
-oracle-r<R>.json in the run directory.
+rudder.sim.oracle) is computed for the run's capacity and initial fill, twice at the same
+buffer memory (capacity rows): "Belady, halo only" (the 1-hop halo nodes, what the buffer can
+hold today) and "Belady, all remote nodes" (every remote node the trainer pulled, 2+ hops
+included: the unrestricted optimum). Both are set beside what the run measured
+(minibatches-r<R>.jsonl: hits, remote_rows, fetched_rows). Written to oracle-r<R>.json in the
+run directory ("belady": halo only, "belady_all_remote": all remote nodes).
 """
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -55,6 +57,7 @@ def compare_run(run_dir: Path, start: str = "init", capacity: int | None = None,
             trace, recs = trace.head(n), recs[:n]
         b = belady(trace, capacity, start)
         bs = b.summary()
+        ba = belady(trace, capacity, start, universe="all").summary()
         run = None
         if recs:
             run = {k: int(sum(int(r.get(k) or 0) for r in recs))
@@ -66,12 +69,20 @@ def compare_run(run_dir: Path, start: str = "init", capacity: int | None = None,
                     f"remote rows differ (run {run['remote_rows']}, trace {bs['remote_rows']})")
         res = {
             "rank": rank, "trace": str(path), "capacity": b.capacity, "start": start,
-            "minibatches": n, "belady": bs, "run": run,
+            "minibatches": n, "halo_nodes": bs["universe_nodes"],
+            "remote_nodes": ba["universe_nodes"],  # distinct remote ids the trace holds (∪ halo)
+            # the same memory as a share of each universe
+            "capacity_fraction_of_halo": b.capacity / bs["universe_nodes"] if bs["universe_nodes"] else None,
+            "capacity_fraction_of_remote_nodes": (b.capacity / ba["universe_nodes"]
+                                                  if ba["universe_nodes"] else None),
+            "belady": bs, "belady_all_remote": ba, "run": run,
             # share of the optimum's hits the run got (can exceed 1 only by pulling extra rows)
-            "hits_fraction_of_optimal": (run["hits"] / bs["hits"] if run and bs["hits"] else None),
+            "hits_fraction_of_optimal": _ratio(run, "hits", bs),
             # rows the run fetched per row the optimum fetched (>= 1: nothing fetches fewer)
-            "fetched_ratio_to_optimal": (run["fetched_rows"] / bs["fetched_rows"]
-                                         if run and bs["fetched_rows"] else None),
+            "fetched_ratio_to_optimal": _ratio(run, "fetched_rows", bs),
+            # the same against the unrestricted optimum (the yardstick beyond the halo)
+            "hits_fraction_of_all_remote": _ratio(run, "hits", ba),
+            "fetched_ratio_to_all_remote": _ratio(run, "fetched_rows", ba),
             "note": note,
         }
         if write:
@@ -80,19 +91,28 @@ def compare_run(run_dir: Path, start: str = "init", capacity: int | None = None,
     return out
 
 
+def _ratio(run: dict | None, key: str, opt: dict) -> float | None:
+    return run[key] / opt[key] if run and opt[key] else None
+
+
 def format_table(rows: list[dict]) -> str:
-    head = f"{'rank':>4} {'minibatches':>11} {'remote rows':>12} {'run hit%':>9} {'belady hit%':>12} " \
-           f"{'run/optimal':>12} {'run fetched':>12} {'belady fetched':>15}"
-    lines = [head]
+    """One line per rank; `halo` = Belady, halo only; `all` = Belady, all remote nodes (both at
+    the run's capacity in rows)."""
+    head = f"{'rank':>4} {'minibatches':>11} {'remote rows':>12} {'run hit%':>9} " \
+           f"{'halo hit%':>10} {'all hit%':>9} {'run/halo':>9} {'run/all':>8} {'run fetched':>12} " \
+           f"{'halo fetched':>13} {'all fetched':>12}"
+    lines = ["Belady at the run's capacity: halo = Belady, halo only; all = Belady, all remote nodes",
+             head]
+    f3 = lambda x: f"{x:.3f}" if x is not None else "-"  # noqa: E731
     for r in rows:
-        b, run = r["belady"], r["run"]
-        frac = r["hits_fraction_of_optimal"]
+        b, a, run = r["belady"], r["belady_all_remote"], r["run"]
         run_hr = f"{100 * run['hit_rate']:.1f}" if run else "-"
         run_fetched = str(run["fetched_rows"]) if run else "-"
-        frac_s = f"{frac:.3f}" if frac is not None else "-"
         lines.append(
             f"{r['rank']:>4} {r['minibatches']:>11} {b['remote_rows']:>12} {run_hr:>9} "
-            f"{100 * b['hit_rate']:>12.1f} {frac_s:>12} {run_fetched:>12} {b['fetched_rows']:>15}"
+            f"{100 * b['hit_rate']:>10.1f} {100 * a['hit_rate']:>9.1f} "
+            f"{f3(r['hits_fraction_of_optimal']):>9} {f3(r['hits_fraction_of_all_remote']):>8} "
+            f"{run_fetched:>12} {b['fetched_rows']:>13} {a['fetched_rows']:>12}"
         )
         if r.get("note"):
             lines.append(f"     note: {r['note']}")
