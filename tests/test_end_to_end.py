@@ -46,11 +46,11 @@ def per_rank(run_dir: Path, stem: str) -> dict[int, list[dict]]:
 
 # ---- the README's run, replayed ----------------------------------------------------------------
 def readme_line(sub: str) -> list[str]:
-    """The README's `rudder <sub> ...` line (everyday use), as argv after `rudder`."""
+    """The README's first `rudder <sub> ...` line that runs something (everyday use; a
+    `--dry-run` line only checks), as argv after `rudder`."""
     from test_readme import RUDDER
 
-    (argv,) = [a[1:] for a in RUDDER if a[1] == sub]
-    return argv
+    return [a[1:] for a in RUDDER if a[1] == sub and "--dry-run" not in a][0]
 
 
 @pytest.fixture(scope="module")
