@@ -162,17 +162,20 @@ class SlurmTestCluster:
         out = self.run(["squeue", "-h", "-o", "%i %T"], check=False).stdout
         return [ln for ln in out.splitlines() if ln.strip()]
 
+    def _cancel_jobs(self, timeout: float) -> list[str]:
+        """Cancels every job and waits (bounded) for the queue to empty; what is still queued."""
+        if self.ctld is None or self.ctld.poll() is not None:
+            return []
+        self.run(["scancel", "--full", "--user", str(os.getuid())], check=False)
+        deadline = time.monotonic() + timeout
+        while self.jobs() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        return [f"jobs still queued: {self.jobs()}"] if self.jobs() else []
+
     def stop(self, timeout: float = 30.0) -> list[str]:
         """Cancels every job, waits for the queue to empty, stops the daemons by pid and kills
         any slurmstepd of this cluster left behind. Returns what had to be killed hard."""
-        hard: list[str] = []
-        if self.ctld is not None and self.ctld.poll() is None:
-            self.run(["scancel", "--full", "--user", str(os.getuid())], check=False)
-            deadline = time.monotonic() + timeout
-            while self.jobs() and time.monotonic() < deadline:
-                time.sleep(0.3)
-            if self.jobs():
-                hard.append(f"jobs still queued: {self.jobs()}")
+        hard = self._cancel_jobs(timeout)
         for name, p in (("slurmd", self.slurmd), ("slurmctld", self.ctld)):
             if p is None or p.poll() is not None:
                 continue
@@ -415,14 +418,7 @@ class NetnsSlurmCluster(SlurmTestCluster):
         """Cancels every job, waits for the queue to empty, stops the daemons by pid, kills any
         slurmstepd or process left in our namespaces, deletes the namespaces and links.
         Returns what had to be killed hard."""
-        hard: list[str] = []
-        if self.ctld is not None and self.ctld.poll() is None:
-            self.run(["scancel", "--full", "--user", str(os.getuid())], check=False)
-            deadline = time.monotonic() + timeout
-            while self.jobs() and time.monotonic() < deadline:
-                time.sleep(0.3)
-            if self.jobs():
-                hard.append(f"jobs still queued: {self.jobs()}")
+        hard = self._cancel_jobs(timeout)
         for name, p in self._daemons():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
