@@ -71,4 +71,10 @@ def test_started_once_reused_then_stopped(tmp_path):
     while _alive(first["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(first["pid"])
+    # the model server (its own session, under the service) went too: nothing listens on the port
+    from rudder.listeners import listen_inodes
+
+    while listen_inodes(first["port"]) and time.monotonic() < deadline + 15:
+        time.sleep(0.2)
+    assert not listen_inodes(first["port"]), "the model server outlived its node service"
     assert not list(tmp_path.glob("*.json"))

@@ -234,21 +234,35 @@ def main(argv: list[str] | None = None) -> int:
                        log_path=args.log, model_alias=args.model,
                        all_interfaces=args.all_interfaces, cpus=cpus)
     done = threading.Event()
+
+    def on_signal(*_) -> None:
+        # Stop the model server now, not after a start-up or prompt warm-up that may take
+        # minutes: whoever stops us by pid (and then SIGKILLs a slow exit) never reaches the
+        # server, which runs in its own session, so leaving it to the end would orphan it.
+        done.set()
+        svc.stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    with svc:
-        if not args.no_warm and not done.is_set():
-            log.info("prompt prefix warmed in %.1f s", svc.warm(args.prompt))
-        ready_file = os.environ.get("RUDDER_READY_FILE")  # the cluster waits for it (wait_services)
-        if ready_file:
-            Path(ready_file).parent.mkdir(parents=True, exist_ok=True)
-            Path(ready_file).write_text(svc.url + "\n")
-        print(f"READY {svc.url}", flush=True)
-        while not done.is_set():
-            if svc.proc is None or svc.proc.poll() is not None:
-                log.error("agent service died")
-                return 1
-            done.wait(1.0)
+        signal.signal(sig, on_signal)
+    try:
+        with svc:
+            if not args.no_warm and not done.is_set():
+                log.info("prompt prefix warmed in %.1f s", svc.warm(args.prompt))
+            ready_file = os.environ.get("RUDDER_READY_FILE")  # the cluster waits for it
+            if ready_file and not done.is_set():
+                Path(ready_file).parent.mkdir(parents=True, exist_ok=True)
+                Path(ready_file).write_text(svc.url + "\n")
+            if not done.is_set():
+                print(f"READY {svc.url}", flush=True)
+            while not done.is_set():
+                if svc.proc is None or svc.proc.poll() is not None:
+                    log.error("agent service died")
+                    return 1
+                done.wait(1.0)
+    except Exception:
+        if not done.is_set():
+            raise
+        log.info("stopped while starting or warming up")  # what failed was the stop itself
     return 0
 
 
