@@ -25,26 +25,7 @@ import torch.nn.functional as F
 import rudder  # noqa: F401  (sets DGLBACKEND)
 from rudder.device import describe, resolve, synchronize
 from rudder.model import SAGE, as_blocks
-
-
-class DGLSAGE(torch.nn.Module):
-    """The model rudder.train used before: DGL's distributed GraphSAGE example."""
-
-    def __init__(self, in_feats, hidden, classes, layers, dropout=0.5):
-        super().__init__()
-        from dgl.nn import SAGEConv
-
-        dims = [in_feats] + [hidden] * (layers - 1) + [classes]
-        self.layers = torch.nn.ModuleList(SAGEConv(dims[i], dims[i + 1], "mean") for i in range(layers))
-        self.dropout = torch.nn.Dropout(dropout)
-
-    def forward(self, blocks, x):
-        h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, h)
-            if i != len(self.layers) - 1:
-                h = self.dropout(F.relu(h))
-        return h
+from rudder.model_dgl import DGLSAGE
 
 
 def coo_copy(blocks):
@@ -185,7 +166,7 @@ def main() -> None:
     res["aggregation_ms"] = bench_aggregation(first_blocks, agg_dims, device)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
-    print(f"| model | step median (ms) | step mean (ms) | of which block conversion (median ms) |")
+    print("| model | step median (ms) | step mean (ms) | of which block conversion (median ms) |")
     print("|---|---:|---:|---:|")
     print(f"| DGL SAGEConv (CPU) | {res['dgl']['median_ms']:.1f} | {res['dgl']['mean_ms']:.1f} | - |")
     print(f"| rudder.model ({device}) | {res['torch']['median_ms']:.1f} | {res['torch']['mean_ms']:.1f} | "

@@ -12,27 +12,10 @@ from rudder.model import SAGE, Block, SAGEConv, as_blocks, mean_aggregate
 
 dgl = pytest.importorskip("dgl")
 from dgl.nn import SAGEConv as DGLSAGEConv  # noqa: E402
+from rudder.model_dgl import DGLSAGE  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                   reason="no CUDA device"))]
-
-
-class DGLSAGE(torch.nn.Module):
-    """The model Rudder trained before (DGL's distributed example), as the reference."""
-
-    def __init__(self, in_feats, hidden, classes, layers, dropout=0.5):
-        super().__init__()
-        dims = [in_feats] + [hidden] * (layers - 1) + [classes]
-        self.layers = torch.nn.ModuleList(DGLSAGEConv(dims[i], dims[i + 1], "mean") for i in range(layers))
-        self.dropout = torch.nn.Dropout(dropout)
-
-    def forward(self, blocks, x):
-        h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, h)
-            if i != len(self.layers) - 1:
-                h = self.dropout(F.relu(h))
-        return h
 
 
 @pytest.fixture(scope="module", autouse=True)
