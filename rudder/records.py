@@ -234,6 +234,7 @@ class DecisionRecord:
     cf_rows_saved: int | None = None  # rows the alternative fetches minus rows the decision fetched
     cf_replace_share: float | None = None  # rows replacing saves vs keeping / the horizon's remote rows
     correct_cf: bool | None = None  # the action was right by the counterfactual (rudder.agent.judge)
+    admit: str | None = _extra()  # the round's admission where the decider chose it (rule)
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

@@ -120,10 +120,11 @@ class Decider:
                 memo: Any = None) -> Verdict:
         """A synchronous decider's answer: a replace round of prefetch.budget."""
         s, budget = point.stats, self.steer.cfg.budget
+        window, last = (s.window, s.last_step) if s is not None else (point.index, point.last_step)
         rec = DecisionRecord(
-            decision=self._count, window=s.window, decided_step=s.last_step, policy=self.label,
+            decision=self._count, window=window, decided_step=last, policy=self.label,
             model=self.model_label, backend=self.backend, raw=raw, replace=bool(replace),
-            budget=budget if replace else 0.0, reason=reason, latency_s=latency_s)
+            budget=budget if replace else 0.0, reason=reason, latency_s=latency_s, admit=admit)
         self._count += 1
         return Verdict(rec, point, self.steer.max_rows if replace else 0, self.label, admit, memo)
 
@@ -263,13 +264,15 @@ class Steering(Policy):
                 continue
             if self.decider.predicts:  # did the predicted directions come true?
                 hit, rows = reflect(rec, pre.raw, post.raw)
-            else:  # did the action pay for itself within one window?
+            elif pre.stats is not None:  # did the action pay for itself within one window?
                 a, b = pre.stats, post.stats
                 hit = b.hit_rate - a.hit_rate
                 rows = (b.fetched_rows - a.fetched_rows) / a.fetched_rows if a.fetched_rows > 0 else None
                 for k, val in outcome_fields(hit, rows).items():
                     setattr(rec, k, val)
                 rec.correct = self.decider.rule.correct(bool(rec.replace), asdict(a), asdict(b))
+            else:  # the start decision: no window before it to compare with
+                hit = rows = None
             self.decider.judged(v, post, hit, rows)
             if rec.correct is not None:
                 self.judged_correct.append(rec.correct)
