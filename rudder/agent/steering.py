@@ -81,7 +81,7 @@ class Decider:
     label = "decider"  # DecisionRecord.policy
     backend = ""
     model_label: str | None = None
-    predicts = False  # True: judged on its predicted directions; False: on its action (rule)
+    predicts = False  # True: judged on its predicted directions; False: on its action (LabelRule)
     fallback: Policy | None = None  # steers before the first answer and after fallback answers
 
     def __init__(self, rule: LabelRule | None = None) -> None:

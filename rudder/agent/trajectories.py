@@ -5,8 +5,9 @@ name `collect`) picks replace or skip there with a seeded RNG, lets the choice a
 window, and writes one line per decision point to runs/<id>/trajectories-r<R>.jsonl.
 A replace acts as the agent's does (one steering skeleton, rudder.agent.steering): with the
 lookahead mechanism it holds a lookahead round on every minibatch until the next decision point;
-without lookahead it is one MassiveGNN round at the next minibatch. So the action a label judges is the action a
-classifier's positive prediction later triggers, and the one an agent's replace=true triggers.
+without lookahead it is one MassiveGNN round at the next minibatch. So the action a label judges
+is the action a classifier's positive prediction later triggers, and the one an agent's
+replace=true triggers.
 
   {"window", "decided_step", "action", "features": {FEATURE_NAMES...}, "pre": {...},
    "post": {...}, "net_gain", "correct", "label", "rule", "dataset", "policy"}
