@@ -73,9 +73,9 @@ class TrainConfig(Strict):
 
 # Policy names, known here without importing the registry (rudder.prefetch.policies has one
 # entry per name; a test checks the two agree).
-POLICY_NAMES = ("none", "static", "fixed", "lookahead", "agent", "classifier", "collect")
+POLICY_NAMES = ("none", "static", "fixed", "lookahead", "agent", "classifier", "collect", "rule")
 # Policies whose runs sample minibatches ahead (prefetch.lookahead deep) for the lookahead round.
-LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier", "collect")
+LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier", "collect", "rule")
 
 
 def check_policy_name(name: str) -> None:

@@ -41,8 +41,8 @@ def _kind(kind: str, default=None) -> Any:
 
 @dataclass
 class StepStats:
-    """What one minibatch did at the buffer: the step's statistics. Training's FetchStats
-    (rudder.prefetch.features) has these very fields; the simulator builds one with `of_counts`."""
+    """What one minibatch did at the buffer: the step's statistics. Training's fetch fills one
+    (rudder.prefetch.features.FetchStats is this type); the simulator builds one with `of_counts`."""
 
     input_rows: int | None = 0  # None: not recorded (a generated trace)
     local_rows: int | None = 0
@@ -53,7 +53,9 @@ class StepStats:
     admitted_rows: int = 0  # slots changed this minibatch (admitted misses cost no extra row)
     fetched_rows: int = 0  # misses + replaced_rows: what crossed the network
     fetched_bytes: int = 0
-    t_fetch: float = 0.0
+    t_fetch: float = 0.0  # the pull (network)
+    # what the buffer adds: lookup + bookkeeping + replacement + writing hit rows into the
+    # output (the local/remote split is not counted: DistDGL's own pull does it too)
     t_buffer: float = 0.0
 
     @classmethod
@@ -99,10 +101,10 @@ class MinibatchRecord:
     t_policy: float | None = _extra()  # the loader's seconds in policy.plan + observe
 
     @classmethod
-    def of_step(cls, epoch: int, step: int, global_step: int, stats: Any, *, t_sample: float = 0.0,
+    def of_step(cls, epoch: int, step: int, global_step: int, stats: StepStats, *, t_sample: float = 0.0,
                 t_compute: float = 0.0, t_stall: float = 0.0, loss: float | None = None,
                 t_policy: float | None = None) -> "MinibatchRecord":
-        """stats: StepStats or anything with its fields (FetchStats)."""
+        """stats: the step's StepStats (training's FetchStats is the same type)."""
         s = stats
         return cls(epoch, step, global_step, s.input_rows, s.local_rows, s.remote_rows, s.hits,
                    s.misses, s.replaced_rows, s.fetched_rows, s.fetched_bytes,
@@ -234,6 +236,7 @@ class DecisionRecord:
     cf_rows_saved: int | None = None  # rows the alternative fetches minus rows the decision fetched
     cf_replace_share: float | None = None  # rows replacing saves vs keeping / the horizon's remote rows
     correct_cf: bool | None = None  # the action was right by the counterfactual (rudder.agent.judge)
+    admit: str | None = _extra()  # the round's admission where the decider chose it (rule)
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

@@ -75,7 +75,7 @@ def step(g, total=100):
 
 def wait_outbox(pol, timeout=5.0):
     deadline = time.monotonic() + timeout
-    while pol._outbox.qsize() == 0:
+    while pol.decider._outbox.qsize() == 0:
         assert time.monotonic() < deadline, "no decision arrived"
         time.sleep(0.005)
 
@@ -337,19 +337,19 @@ def test_service_url_resolution(monkeypatch):
     assert service_url(AgentConfig()) == "http://10.88.0.2:9000"
 
 
-def test_agent_and_windowed_policies_share_the_replace_semantics():
-    """The classifier baselines (WindowedDecisionPolicy: classifier:<name>, collect) apply a
-    replace the way the agent does, so their comparison is fair: the same replace/keep sequence
-    gives rounds on the same minibatches, with and without lookahead."""
-    from rudder.agent.trajectories import WindowedDecisionPolicy
+def test_every_decider_applies_replace_the_same_way():
+    """One steering skeleton for every decider: a synchronous one (a scripted decider, as the
+    classifier, collector and rule are) and the LLM apply the same replace/keep sequence as
+    rounds on the same minibatches, with and without lookahead."""
+    from rudder.agent.steering import Decider, Steering
 
     said = [True, False, True, True, False]
 
-    class Scripted(WindowedDecisionPolicy):
-        name = "scripted"
+    class Scripted(Decider):
+        label = "scripted"
 
-        def decide(self, features, stats):
-            return said[len(self._ready) + len(self._open)], {}
+        def decide(self, point):
+            return self.verdict(point, said[self._count])
 
     for lookahead in (0, 3):
         agent = make(ScriptedBackend([answer(s, "medium") for s in said]))
@@ -357,7 +357,7 @@ def test_agent_and_windowed_policies_share_the_replace_semantics():
         windows = [win(i, 0.3, 700) for i in range(len(said))]
         agent_plans = drive(agent, windows)
         agent.close()
-        other = Scripted(PrefetchConfig(window=5, budget=BUDGET_SHARE["medium"]))
+        other = Steering(PrefetchConfig(window=5, budget=BUDGET_SHARE["medium"]), Scripted())
         other.setup(ctx(lookahead=lookahead))
         other_plans = {}
         for i, w in enumerate(windows):
@@ -372,6 +372,10 @@ def test_agent_and_windowed_policies_share_the_replace_semantics():
             assert len(a) == 5 * sum(said)  # every minibatch of each replace window
         else:
             assert len(a) == sum(said)  # one round per replace decision
+        # both judged by the same skeleton: every decision but the last, one window later
+        recs = other.decisions()
+        assert [r["correct"] is not None for r in recs] == [True] * 4 + [False]
+        assert all(r["staleness"] == 1 for r in recs[:-1])
 
 
 def test_replace_regime_uses_the_configured_admission():

@@ -76,7 +76,7 @@ def test_policy_uses_node_service_from_env(service, monkeypatch):
     step, r = 5, None
     while time.monotonic() < deadline:
         r = pol.plan(StepInfo(epoch=0, step=step, global_step=step, remaining_steps=20 - step))
-        if pol._history:
+        if pol.history():
             break
         time.sleep(0.05)
     pol.close()

@@ -233,12 +233,13 @@ def test_registry_wiring_for_collect():
 def test_every_registry_name_builds_its_own_class(trained):
     """Each name in the real REGISTRY makes the class that carries that name (nothing patched)."""
     from rudder.agent.policy import AgentPolicy
+    from rudder.agent.rule import RulePolicy
     from rudder.prefetch import policies as P
 
     out, _ = trained
     expect = {"none": P.NoBufferPolicy, "static": P.StaticPolicy, "fixed": P.FixedPeriodPolicy,
               "lookahead": P.LookaheadPolicy, "agent": AgentPolicy,
-              "classifier:logreg": C.ClassifierPolicy, "collect": TrajectoryPolicy}
+              "classifier:logreg": C.ClassifierPolicy, "collect": TrajectoryPolicy, "rule": RulePolicy}
     assert {n.split(":")[0] for n in expect} == set(P.REGISTRY)
     for name, cls in expect.items():
         pol = P.make_policy(PrefetchConfig(policy=name), models_dir=str(out))

@@ -249,7 +249,7 @@ def test_agent_policy_falls_back_records_dropped_windows_and_closes_fast(trickle
 
     pol.observe({"global_step": 4}, window(0))
     deadline = time.monotonic() + 10
-    while pol._inbox.qsize() and time.monotonic() < deadline:  # the agent thread took window 0
+    while pol.decider._inbox.qsize() and time.monotonic() < deadline:  # the agent thread took window 0
         time.sleep(0.01)
     for i in (1, 2, 3):  # the call on window 0 hangs: 1 and 2 are pushed out by the next
         pol.observe({"global_step": 5 * i + 4}, window(i))

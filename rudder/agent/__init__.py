@@ -6,7 +6,11 @@ context.py   ContextBuilder: static context + window + history -> chat messages 
 decision.py  DecisionMaker: inproc (llama_cpp) or http (OpenAI-compatible) backend, validated
              answers, fallbacks for bad/truncated/late ones
 service.py   AgentService: one llama_cpp.server per node, shared by its trainers
-policy.py    AgentPolicy: the "agent" prefetch policy (agent thread, queues, self-reflection)
+steering.py  the one steering skeleton (windows, regime, apply, judge) with a pluggable Decider
+windows.py   WindowStats / DecisionPoint: what a decider sees at a window close
+policy.py    AgentPolicy: the "agent" prefetch policy (LLMDecider: agent thread, queues, history)
+trajectories.py, classifiers.py  the random collector and the classifier deciders
+rule.py      RulePolicy: the hand-written adaptive rule (decider)
 eval.py      offline scoring on labelled windows; labelling windows of finished runs
 cli.py       `rudder agent models|eval|label|serve|decide`
 

@@ -28,11 +28,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rudder.agent.steering import Steering
 from rudder.agent.trajectories import (
     FEATURE_NAMES,
+    FeatureDecider,
     LabelRule,
     TrajectorySet,
-    WindowedDecisionPolicy,
     WindowStats,
 )
 from rudder.config import PrefetchConfig
@@ -312,8 +313,30 @@ def evaluate(model: SavedClassifier, data: TrajectorySet) -> dict:
     }
 
 
-class ClassifierPolicy(WindowedDecisionPolicy):
-    """`classifier:<name>`: an offline-trained model decides at each window close.
+class ClassifierDecider(FeatureDecider):
+    """An offline-trained model answers from the window's feature vector."""
+
+    backend = "sklearn"
+
+    def __init__(self, model: SavedClassifier, label: str, *, rule: LabelRule | None = None,
+                 dataset: str | None = None):
+        super().__init__(rule=rule, dataset=dataset)
+        self.model = model
+        self.label = label
+        self.model_label = f"{model.kind}@{model.digest}"
+        if model.kind == "xgboost":
+            self.backend = "xgboost"
+
+    def choose(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
+        t0 = time.perf_counter()
+        replace, score = self.model.decide(features)
+        latency = time.perf_counter() - t0
+        return replace, {"raw": json.dumps({"replace": replace, "score": score}),
+                         "latency_s": latency, "reason": f"score={score:.3f}"}
+
+
+class ClassifierPolicy(Steering):
+    """`classifier:<name>`: the steering skeleton with a ClassifierDecider.
 
     extra: model_name (from the policy name), model_path (a file, overrides the name),
     models_dir (default $RUDDER_CLASSIFIERS_DIR or models/classifiers), dataset, margin and
@@ -323,7 +346,6 @@ class ClassifierPolicy(WindowedDecisionPolicy):
 
     name = "classifier"
     named = True  # classifier:<model name>
-    backend = "sklearn"
 
     def __init__(self, cfg: PrefetchConfig, model_name: str | None = None, *,
                  model_path: str | None = None, models_dir: str | None = None,
@@ -331,20 +353,12 @@ class ClassifierPolicy(WindowedDecisionPolicy):
                  **_ignored: Any):
         if not (model_name or model_path):
             raise ValueError("policy 'classifier' needs a model name: classifier:<name>")
-        super().__init__(cfg, rule=LabelRule(margin=margin, cost=cost), dataset=dataset)
         self.model_name = model_name or Path(model_path).stem  # type: ignore[arg-type]
-        self.model = (SavedClassifier.load_file(model_path) if model_path  # a caller's own file
-                      else SavedClassifier.load(self.model_name, models_dir))
-        self.model_label = f"{self.model.kind}@{self.model.digest}"
-        if self.model.kind == "xgboost":
-            self.backend = "xgboost"
+        model = (SavedClassifier.load_file(model_path) if model_path  # a caller's own file
+                 else SavedClassifier.load(self.model_name, models_dir))
+        super().__init__(cfg, ClassifierDecider(model, f"classifier:{self.model_name}",
+                                                rule=LabelRule(margin=margin, cost=cost), dataset=dataset))
 
-    def policy_label(self) -> str:
-        return f"classifier:{self.model_name}"
-
-    def decide(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
-        t0 = time.perf_counter()
-        replace, score = self.model.decide(features)
-        latency = time.perf_counter() - t0
-        return replace, {"raw": json.dumps({"replace": replace, "score": score}),
-                         "latency_s": latency, "reason": f"score={score:.3f}"}
+    @property
+    def model(self) -> SavedClassifier:
+        return self.decider.model

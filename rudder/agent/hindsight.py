@@ -172,7 +172,7 @@ class RecordedActions(Policy):
             self.in_fallback = bool(d.get("fallback")) and self.fallback is not None
             replace = d.get("replace") and not d.get("fallback")
             plan = self.regime.apply(Replace(self.mech, _rows(d.get("budget") or self.budget, self.capacity),
-                                             "replay", self.admit) if replace else None)
+                                             "replay", d.get("admit") or self.admit) if replace else None)
         else:
             plan = self.regime.standing
         if self.in_fallback:
@@ -227,16 +227,17 @@ class _Forks:
         """Whether `horizon` windows from minibatch `first` lie within the run."""
         return 0 <= first and first + self.horizon * self.W <= self.S
 
-    def branches(self, first: int, rows: int) -> dict:
+    def branches(self, first: int, rows: int, admit: str | None = None) -> dict:
         """{"replace"|"keep": (hits, replaced_rows, remote_rows)} over the horizon from `first`,
-        both forked from the run's buffer as it stands before minibatch `first`."""
+        both forked from the run's buffer as it stands before minibatch `first` (the replace
+        branch admits as `admit`, default the run's)."""
         from rudder.sim.replay import replay
 
         assert self.run.g == first, (self.run.g, first)
         span = slice(first, first + self.horizon * self.W)
         res = {}
         for branch in ("replace", "keep"):
-            b = self.run.fork(Branch(branch == "replace", first, self.W, self.mech, rows, self.admit))
+            b = self.run.fork(Branch(branch == "replace", first, self.W, self.mech, rows, admit or self.admit))
             n = replay(self.pt, b, stop=span.stop)
             res[branch] = tuple(int(n[k][span].sum()) for k in ("hits", "replaced_rows", "remote_rows"))
         return res
@@ -308,7 +309,7 @@ def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -
         def judge(first: int, todo: list[dict]) -> None:
             for d in todo:
                 rows = _rows(d.get("budget") or f.budget, f.C)
-                cf = _gain(f.branches(first, rows), rows)
+                cf = _gain(f.branches(first, rows, d.get("admit")), rows)
                 saved = cf["gain"] if d["replace"] else -cf["gain"]
                 d.update(cf_rows_saved=int(saved), cf_replace_share=round(cf["share"], 6),
                          correct_cf=counterfactual(d["replace"], d.get("fallback"), cf["share"]))

@@ -11,6 +11,8 @@ A decision is judged on what happened after it, in one of four senses, each used
               DecisionRecord.correct_cf, counterfactual Pass@1; rudder.agent.hindsight.judge_run)
   label       an answer agrees with a window's label (`agrees`: the eval suite's accuracy and
               the hindsight check of labelled windows)
+During a run, one place applies the first two to every decision: `Steering._judge`
+(rudder.agent.steering), whatever the decider.
 """
 from __future__ import annotations
 

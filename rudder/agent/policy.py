@@ -1,5 +1,7 @@
-"""AgentPolicy: an LLM decides *when* the buffer replaces and how much, without ever blocking
-the training loop.
+"""The "agent" policy: an LLM decides *when* the buffer replaces and how much, without ever
+blocking the training loop. `LLMDecider` is the decider the steering skeleton
+(rudder.agent.steering: windows, regime, apply, judge) asks; `AgentPolicy` is that skeleton
+with it.
 
   trainer (loader thread)                     agent thread (daemon)
   observe(metrics, window) --inbox (bounded)--> ContextBuilder.build -> DecisionMaker.decide
@@ -24,9 +26,10 @@ the training loop.
 - The fallback policy (agent.fallback; auto = lookahead when the run samples ahead, else static)
   steers until the first answer arrives, and after a fallback decision (bad/late answer) until
   the next valid one (a fallback also ends a replace regime).
-- Self-reflection: when the next window after an applied decision closes, the predicted
-  directions are compared with the measured ones (hit rate: flat = |delta| < 1 pt; fetched rows
-  per minibatch: flat = |relative delta| < 2%); `correct` = both came true. The record keeps both
+- Self-reflection (the skeleton's judge, by prediction): when the next window after an applied
+  decision closes, the predicted directions are compared with the measured ones (hit rate:
+  flat = |delta| < 1 pt; fetched rows per minibatch: flat = |relative delta| < 2%);
+  `correct` = both came true. The record keeps both
   the directions (outcome_hit_rate / outcome_remote_rows: up|down|flat) and the numbers
   (outcome_hit_delta: hit-rate change in fraction units, 0.01 = 1 pt; outcome_rows_delta:
   relative change of fetched rows per minibatch). The entry goes back into the history the next
@@ -39,21 +42,21 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from typing import Any, Callable
 
 from rudder.agent.context import ContextBuilder
 from rudder.agent.decision import DecisionMaker, resolve_fallback, warm_prompt
-from rudder.agent.judge import measure, reflect  # noqa: F401 (measure: re-exported)
+from rudder.agent.judge import measure, reflect  # noqa: F401 (re-exported)
 from rudder.agent.messages import START_WINDOW, Decision, HistoryEntry, budget_rows
-from rudder.agent.steering import Regime
+from rudder.agent.steering import Decider, Steering, Verdict
+from rudder.agent.windows import DecisionPoint
 from rudder.config import AgentConfig, PrefetchConfig
-from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, mechanism_for
+from rudder.prefetch.policy import Policy, RunContext
+from rudder.records import DecisionRecord
 
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 2  # windows waiting for the agent; older ones are dropped when it falls behind
-RECENT_WINDOWS = 3  # earlier windows shown for the hit-rate trend
 CLOSE_WAIT_S = 1.0  # close() waits this long for the agent thread, never a model's timeout
 HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentConfig.history)
 
@@ -95,12 +98,16 @@ def fallback_policy(name: str, cfg: PrefetchConfig, ctx: RunContext) -> Policy:
     return pol
 
 
-class AgentPolicy(Policy):
-    name = "agent"
-    records_decisions = True
+class LLMDecider(Decider):
+    """Asks the model on its own thread: submit() queues the window (the oldest is dropped when
+    the inbox is full), poll() takes what arrived. Neither ever waits for the model."""
+
+    label = "agent"
+    predicts = True  # judged on its predicted directions (rudder.agent.judge.reflect)
 
     def __init__(self, cfg: PrefetchConfig, agent: AgentConfig | None = None,
-                 decision_maker: DecisionMaker | None = None, inbox_size: int = INBOX_SIZE, **extra: Any):
+                 decision_maker: DecisionMaker | None = None, inbox_size: int = INBOX_SIZE):
+        super().__init__()
         self.cfg = cfg
         self.agent_cfg = agent or AgentConfig()
         self._maker = decision_maker
@@ -110,29 +117,21 @@ class AgentPolicy(Policy):
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._recent: deque[dict] = deque(maxlen=RECENT_WINDOWS)
         self._history: list[HistoryEntry] = []  # applied decisions, oldest first (shown in prompts)
-        self._pending: list[tuple[Decision, dict, HistoryEntry]] = []  # applied, awaiting outcome
-        self._done: list[dict] = []  # completed records not yet handed out by decisions()
-        self._judged: list[bool] = []  # correct flags, for Pass@1
         self._n = 0
-        self._last_step = -1
-        self._fallback_active = True  # until the first answer: the model may still be loading
-        self._regime = Regime()  # repeated by every plan() until the next decision
         self.dropped_windows = 0
         self._load_error: str | None = None
         self._ready = threading.Event()  # set when the model is loaded and warmed (or failed to)
         self._wait_service = False  # setup(): our maker talks to a service that may be loading
 
-    # ---- Policy interface -----------------------------------------------------------------
-    def setup(self, ctx: RunContext) -> None:
-        super().setup(ctx)
+    def setup(self, steer: Steering) -> None:
+        super().setup(steer)
+        ctx = steer.ctx
         fb = resolve_fallback(self.agent_cfg.fallback, ctx.lookahead)
         self.agent_cfg = a = self.agent_cfg.model_copy(update={"fallback": fb})
         if self._maker is not None:
             self._maker.fallback = fb  # its records name the policy that actually steers
         self.builder = ContextBuilder(ctx, a.prompt, a.history)
-        self.mechanism = mechanism_for(ctx.lookahead)
         self.fallback = fallback_policy(fb, self.cfg, ctx)
         if self._maker is None:
             if self._url or a.backend == "http":
@@ -146,83 +145,68 @@ class AgentPolicy(Policy):
         self._thread.start()
 
     def start(self, state: Callable[[], dict]) -> bool:
-        if self.mechanism != "lookahead" or not self.agent_cfg.start_decision:
+        if self.steer.mechanism != "lookahead" or not self.agent_cfg.start_decision:
             return False  # without lookahead nothing is known before the first window
         start = {"window": START_WINDOW, "first_step": None, "last_step": -1, "minibatches": 0, **state()}
-        self._enqueue((start, []))
+        self.submit(DecisionPoint(start))
         return True
 
-    def observe(self, metrics: dict, window: dict | None = None) -> None:
-        if metrics and metrics.get("global_step") is not None:
-            self._last_step = max(self._last_step, int(metrics["global_step"]))
-        if window is None:
-            return
-        window = dict(window)
-        self._reflect(window)
-        recent = list(self._recent)
-        if recent and recent[-1].get("hit_rate") is not None:
-            window["prev_hit_rate"] = recent[-1]["hit_rate"]  # the trend, for hindsight examples
-        self._recent.append(window)
-        self._enqueue((window, recent))
-
-    def _enqueue(self, item: tuple[dict, list[dict]]) -> None:
-        """Queues (window, earlier windows) for the agent thread without blocking; when the inbox is
-        full the oldest request is dropped."""
+    def submit(self, point: DecisionPoint) -> None:
+        """Queues the point for the agent thread without blocking; when the inbox is full the
+        oldest request is dropped (recorded: a window the model never saw)."""
         while True:
             try:
-                self._inbox.put_nowait(item)
+                self._inbox.put_nowait(point)
                 break
             except queue.Full:
                 try:
-                    dropped, _ = self._inbox.get_nowait()
+                    dropped = self._inbox.get_nowait()
                     self.dropped_windows += 1
-                    self._finish(Decision(  # recorded: a window the model never saw
-                        decision=0, window=dropped.get("window"), model=self.agent_cfg.model.name,
+                    self.steer.finish(self._record(Decision(
+                        decision=0, window=dropped.raw.get("window"), model=self.agent_cfg.model.name,
                         backend=self.agent_cfg.backend, fallback=self.agent_cfg.fallback,
-                        reason="dropped: the agent was still busy with an earlier window"))
+                        reason="dropped: the agent was still busy with an earlier window")))
                 except queue.Empty:
                     pass
 
-    def plan(self, step: StepInfo) -> Replace | None:
-        arrived: list[tuple[Decision, dict]] = []
+    def poll(self) -> list[Verdict]:
+        out = []
         while True:
             try:
-                arrived.append(self._outbox.get_nowait())
+                d, point = self._outbox.get_nowait()
             except queue.Empty:
-                break
-        if not arrived:
-            if self._fallback_active:
-                return self._fallback_plan(step)
-            return self._regime.standing  # a lookahead round every minibatch, or none
-        for old, _ in arrived[:-1]:
-            old.reason = f"{old.reason} [superseded, never applied]"
-            self._finish(old)
-        d, judged = arrived[-1]
-        d.applied_step = step.global_step
-        if judged.get("last_step") is not None:
-            d.staleness = step.global_step - int(judged["last_step"])
-        entry = HistoryEntry(decision=d.decision, window=d.window, replace=d.replace, budget=d.budget,
-                             rows=budget_rows(d.budget, self.ctx.capacity) if d.budget else None,
-                             expected_hit_rate=d.expected_hit_rate, expected_remote_rows=d.expected_remote_rows,
-                             fallback=d.fallback, staleness=d.staleness, judged=judged)
+                return out
+            rows = budget_rows(d.budget, self.steer.ctx.capacity) if d.budget else 0
+            out.append(Verdict(self._record(d), point, rows, f"agent#{d.decision}"))
+
+    def applied(self, v: Verdict) -> None:
+        d = v.record
+        v.memo = entry = HistoryEntry(
+            decision=d.decision, window=d.window, replace=d.replace, budget=d.budget,
+            rows=v.rows or None, expected_hit_rate=d.expected_hit_rate,
+            expected_remote_rows=d.expected_remote_rows, fallback=d.fallback, staleness=d.staleness,
+            judged=v.point.raw)
         with self._lock:
             self._history.append(entry)
             del self._history[:-HISTORY_KEEP]
         log.info("agent#%d (window %s, staleness %s): %s%s", d.decision, d.window, d.staleness,
                  f"fallback {d.fallback}" if d.fallback else ("replace " + str(d.budget) if d.replace else "keep"),
                  f" in {d.latency_s:.2f} s" if d.latency_s is not None else "")
-        self._regime.end()
-        if d.fallback:
-            self._fallback_active = True
-            self._finish(d)  # no prediction to check
-            return self._fallback_plan(step)
-        self._fallback_active = False
-        self._pending.append((d, judged, entry))
-        if not d.replace:
-            return None
-        # the lookahead policy's admission, for a like-for-like regime
-        return self._regime.apply(Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity),
-                                          f"agent#{d.decision}", self.cfg.admit))
+
+    def judged(self, v: Verdict, post: DecisionPoint, hit: float | None, rows: float | None) -> None:
+        d, entry = v.record, v.memo
+        with self._lock:  # the next prompts show the outcome
+            entry.hit_delta, entry.rows_delta = hit, rows
+            entry.outcome_hit_rate, entry.outcome_remote_rows = d.outcome_hit_rate, d.outcome_remote_rows
+            entry.correct = d.correct
+
+    def wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._outbox.empty():
+            if self._thread is None or not self._thread.is_alive() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def wait_ready(self, timeout_s: float) -> float:
         t0 = time.monotonic()
@@ -230,12 +214,11 @@ class AgentPolicy(Policy):
             log.warning("agent model not ready after %.0f s; training starts without it", timeout_s)
         return time.monotonic() - t0
 
-    def decisions(self) -> list[dict]:
+    def history(self) -> list[HistoryEntry]:
         with self._lock:
-            out, self._done = self._done, []
-        return out
+            return [h.model_copy() for h in self._history]
 
-    def close(self) -> None:
+    def close(self) -> list[Verdict]:
         self._stop.set()
         try:
             self._inbox.put_nowait(None)
@@ -248,66 +231,17 @@ class AgentPolicy(Policy):
                 log.warning("agent thread still busy at close; left behind (daemon)")
             elif self._maker is not None:
                 self._maker.close()  # llm.close(): frees the model before interpreter exit
-        while True:  # answers that came too late to be applied
-            try:
-                d, _ = self._outbox.get_nowait()
-            except queue.Empty:
-                break
-            d.reason = f"{d.reason} [arrived after the run, never applied]"
-            self._finish(d)
-        for d, _, _ in self._pending:  # applied, but no window closed after them
-            self._finish(d)
-        self._pending = []
-        if getattr(self, "fallback", None) is not None:
+        late = self.poll()
+        for v in late:
+            v.record.reason = f"{v.record.reason} [arrived after the run, never applied]"
+        if self.fallback is not None:
             self.fallback.close()
+        return late
 
-    def wait_for_decision(self, timeout_s: float) -> bool:
-        """Blocks until a decision is waiting for plan() (or timeout/agent stopped). Training never
-        calls this; a replay (rudder sim) does, to apply answers as a zero-latency agent would."""
-        deadline = time.monotonic() + timeout_s
-        while self._outbox.empty():
-            if self._thread is None or not self._thread.is_alive() or time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
-    # ---- results --------------------------------------------------------------------------
-    @property
-    def pass_at_1(self) -> float | None:
-        """Share of judged decisions whose predicted effect matched the outcome."""
-        return sum(self._judged) / len(self._judged) if self._judged else None
-
-    def history(self) -> list[HistoryEntry]:
-        with self._lock:
-            return [h.model_copy() for h in self._history]
-
-    # ---- internals --------------------------------------------------------------------------
-    def _fallback_plan(self, step: StepInfo) -> Replace | None:
-        r = self.fallback.plan(step)
-        if r is not None:
-            r = Replace(r.mechanism, r.max_rows, f"fallback:{self.agent_cfg.fallback}")
-        return r
-
-    def _finish(self, d: Decision) -> None:
-        with self._lock:
-            self._done.append(d.to_record())
-
-    def _reflect(self, window: dict) -> None:
-        still = []
-        for d, judged, entry in self._pending:
-            if (window.get("window", 0) > judged.get("window", -1)
-                    and int(window.get("last_step", 0)) >= (d.applied_step or 0)):
-                hit, rows = reflect(d, judged, window)
-                with self._lock:
-                    entry.hit_delta, entry.rows_delta = hit, rows
-                    entry.outcome_hit_rate, entry.outcome_remote_rows = d.outcome_hit_rate, d.outcome_remote_rows
-                    entry.correct = d.correct
-                if d.correct is not None:
-                    self._judged.append(d.correct)
-                self._finish(d)
-            else:
-                still.append((d, judged, entry))
-        self._pending = still
+    # ---- the agent thread -------------------------------------------------------------------
+    @staticmethod
+    def _record(d: Decision) -> DecisionRecord:
+        return DecisionRecord(**d.to_record())
 
     def _load(self) -> DecisionMaker | None:
         try:
@@ -330,15 +264,14 @@ class AgentPolicy(Policy):
         self._ready.set()
         while not self._stop.is_set():
             try:
-                item = self._inbox.get(timeout=0.2)
+                point = self._inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if item is None:
+            if point is None:
                 break
-            window, recent = item
             self._n += 1
             try:
-                prompt = self.builder.build(window, self.history(), recent)
+                prompt = self.builder.build(point.raw, self.history(), point.recent)
                 if self._maker is None:
                     d = Decision(reason=f"fallback: model load failed: {self._load_error}"[:2000],
                                  fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name,
@@ -350,6 +283,33 @@ class AgentPolicy(Policy):
                 d = Decision(reason=f"fallback: error: {type(exc).__name__}: {exc}"[:2000],
                              fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name)
             d.decision = self._n
-            d.window = window.get("window")
-            d.decided_step = self._last_step
-            self._outbox.put((d, window))
+            d.window = point.raw.get("window")
+            d.decided_step = self.steer.last_step
+            self._outbox.put((d, point))
+
+
+class AgentPolicy(Steering):
+    """`agent`: the steering skeleton with the LLM deciding."""
+
+    name = "agent"
+
+    def __init__(self, cfg: PrefetchConfig, agent: AgentConfig | None = None,
+                 decision_maker: DecisionMaker | None = None, inbox_size: int = INBOX_SIZE, **extra: Any):
+        super().__init__(cfg, LLMDecider(cfg, agent, decision_maker, inbox_size))
+
+    @property
+    def agent_cfg(self) -> AgentConfig:
+        return self.decider.agent_cfg
+
+    @property
+    def dropped_windows(self) -> int:
+        return self.decider.dropped_windows
+
+    @property
+    def pass_at_1(self) -> float | None:
+        """Share of judged decisions whose predicted effect matched the outcome."""
+        j = self.judged_correct
+        return sum(j) / len(j) if j else None
+
+    def history(self) -> list[HistoryEntry]:
+        return self.decider.history()

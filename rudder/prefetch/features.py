@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
@@ -23,26 +22,12 @@ import torch
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.policy import Replace
 from rudder.prefetch.step import begin_step, finish_step
+from rudder.records import StepStats
 
 
-@dataclass
-class FetchStats:
-    input_rows: int = 0
-    local_rows: int = 0
-    remote_rows: int = 0
-    hits: int = 0
-    misses: int = 0
-    replaced_rows: int = 0  # rows pulled only to be admitted into the buffer
-    admitted_rows: int = 0  # slots changed this minibatch (admitted misses cost no extra row)
-    fetched_rows: int = 0  # misses + replaced_rows
-    fetched_bytes: int = 0
-    t_fetch: float = 0.0  # the pull (network)
-    # what the buffer adds: lookup + bookkeeping + replacement + writing hit rows into the
-    # output (the local/remote split is not counted: DistDGL's own pull does it too)
-    t_buffer: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+# What one minibatch did at the buffer: the records' one type for it (the simulator builds the
+# same with StepStats.of_counts), so a minibatch record is made from either the same way.
+FetchStats = StepStats
 
 
 class BufferedFeatures:

@@ -8,6 +8,7 @@ lookahead  Belady's rule on the minibatches sampled ahead, every minibatch, unde
 agent      an LLM decides when and how much (rudder.agent)          [registered lazily]
 classifier:<name>  an offline-trained classifier decides when (rudder.agent.classifiers)
 collect[:k]  random replace/skip every k-th window; writes trajectories for the classifiers
+rule       a hand-written adaptive rule decides when and how to admit (rudder.agent.rule)
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ REGISTRY: dict[str, Callable[[PrefetchConfig, dict], Policy]] = {
     "agent": _lazy("rudder.agent.policy", "AgentPolicy"),
     "classifier": _lazy("rudder.agent.classifiers", "ClassifierPolicy"),
     "collect": _lazy("rudder.agent.trajectories", "TrajectoryPolicy"),
+    "rule": _lazy("rudder.agent.rule", "RulePolicy"),
 }
 
 

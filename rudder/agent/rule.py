@@ -1,0 +1,112 @@
+"""`rule`: a hand-written adaptive rule, the baseline the LLM has to beat (issue 18). It answers
+at each window close from that window alone, through the same steering skeleton as the agent
+and the classifiers (rudder.agent.steering), so its rounds are theirs: with lookahead a replace
+holds a lookahead round on every minibatch until the next decision; without, it is one
+MassiveGNN round.
+
+  lookahead on (the run samples ahead)
+    when   always replace, from the first minibatch (a start decision): a round that admits
+           only the minibatch's misses costs no rows, and replays found "replace" right at
+           every window there (issue 18); so what the rule adapts is the admission
+    admit  `any` (pull rows ahead of their use) while the link has slack: fetch < compute
+           (the window's t_fetch < t_minibatch - t_fetch); `misses` (no extra rows) once it
+           is saturated; the configured prefetch.admit where no time was measured (a replay,
+           or the start)
+  lookahead off (history only: the MassiveGNN mechanism)
+    when   replace when the hit rate has fallen `drop` (2 points) or more below its best
+           window since the reference was set, and there are stale slots to swap; replace
+           again while each round lifts the hit rate by drop/2 or more and stale slots remain
+           (the stream moved: catch up); else keep, and the level reached is the new reference
+           (a round costs its rows, so it must buy back hits that were lost)
+
+Judged as the classifiers are (the action paid for itself within one window: LabelRule).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from rudder.agent.judge import LabelRule
+from rudder.agent.messages import START_WINDOW
+from rudder.agent.steering import Decider, Steering, Verdict
+from rudder.agent.windows import DecisionPoint
+from rudder.config import PrefetchConfig
+
+DROP = 0.02  # hit-rate fall (fraction units) below the best since the last round: buy it back
+
+
+def link_slack(window: dict) -> bool | None:
+    """Whether fetching hides behind compute (fetch < compute) in this window; None when no
+    time was measured (a replay)."""
+    t_fetch, t_mb = float(window.get("t_fetch") or 0.0), float(window.get("t_minibatch") or 0.0)
+    if t_mb <= 0.0:
+        return None
+    return t_fetch < t_mb - t_fetch
+
+
+class RuleDecider(Decider):
+    label = "rule"
+    backend = "rule"
+
+    def __init__(self, *, drop: float = DROP, rule: LabelRule | None = None):
+        if not 0 < drop <= 1:
+            raise ValueError(f"rule: drop (a hit-rate fall, 0..1) must be in (0, 1], got {drop}")
+        super().__init__(rule)
+        self.drop = drop
+        self._best: float | None = None  # best hit rate since the reference was set
+        self._round_at: float | None = None  # hit rate when the last round was decided
+
+    def start(self, state: Callable[[], dict]) -> bool:
+        if self.steer.mechanism != "lookahead":
+            return False  # history only: nothing is known before the first window
+        start = DecisionPoint({"window": START_WINDOW, "first_step": None, "last_step": -1, "minibatches": 0})
+        self.submit(start)
+        return True
+
+    def decide(self, point: DecisionPoint) -> Verdict:
+        if self.steer.mechanism == "lookahead":
+            replace, why, admit = self._lookahead(point)
+        else:
+            replace, why, admit = self._history_only(point)
+        return self.verdict(point, replace, reason=f"{why}: {'replace' if replace else 'keep'}",
+                            raw=json.dumps({"replace": replace, "admit": admit}), admit=admit)
+
+    def _lookahead(self, point: DecisionPoint) -> tuple[bool, str, str]:
+        slack = link_slack(point.raw)
+        admit = self.steer.cfg.admit if slack is None else ("any" if slack else "misses")
+        link = {None: "untimed", True: "fetch < compute", False: "fetch >= compute"}[slack]
+        return self.steer.max_rows > 0, f"lookahead on, {link}, admit {admit}", admit
+
+    def _history_only(self, point: DecisionPoint) -> tuple[bool, str, None]:
+        s = point.stats
+        can = s.stale_slots > 0 and self.steer.max_rows > 0  # a round would swap something
+        if self._round_at is not None:  # the window after a round: did it help?
+            lift, self._round_at = s.hit_rate - self._round_at, None
+            replace = lift >= self.drop / 2 and can
+            why = f"the last round lifted the hit rate {100 * lift:+.1f} pt, {s.stale_slots} stale"
+            if not replace:
+                self._best = s.hit_rate  # it did not: a new reference
+        else:
+            best = s.hit_rate if self._best is None else max(self._best, s.hit_rate)
+            self._best, fell = best, best - s.hit_rate
+            replace = fell >= self.drop and can
+            why = (f"hit rate {100 * s.hit_rate:.1f}%, {100 * fell:.1f} pt below its best "
+                   f"{100 * best:.1f}%, {s.stale_slots} stale")
+        if replace:
+            self._round_at, self._best = s.hit_rate, None
+        return replace, why, None
+
+
+class RulePolicy(Steering):
+    """`rule`: the steering skeleton with the hand-written RuleDecider.
+
+    knobs (`rudder sim` rule:LOOKAHEAD:BUDGET:ADMIT:WINDOW): lookahead 0 = history only.
+    extra: drop (the rule's threshold), margin and cost (the LabelRule that fills `correct`);
+    agent= and other keys are ignored."""
+
+    name = "rule"
+    knobs = ("lookahead", "budget", "admit", "window")
+
+    def __init__(self, cfg: PrefetchConfig, *, drop: float = DROP, margin: float = 0.01,
+                 cost: str = "time", **_ignored: Any):
+        super().__init__(cfg, RuleDecider(drop=drop, rule=LabelRule(margin=margin, cost=cost)))
