@@ -158,6 +158,22 @@ def trace_from_graph(g, owner: np.ndarray, spec: TraceGenSpec, train_mask: np.nd
     )
 
 
+def spec_from_config(cfg, part: int = 0, **over) -> TraceGenSpec:
+    """The TraceGenSpec of a run config (a RunConfig, e.g. configs/scenarios/*.yaml): its
+    dataset (a synthetic preset), partitioning, machines, fanouts, batch size, epochs, seed
+    order and buffer fraction; `over` replaces fields (epochs, max_steps_per_epoch, ...)."""
+    import dataclasses
+
+    tc, pc = cfg.train, cfg.prefetch
+    spec = TraceGenSpec(
+        graph=cfg.dataset.name, parts=cfg.cluster.machines * cfg.cluster.trainers_per_machine,
+        part=part, method=cfg.dataset.partition_method, fanouts=list(tc.fanouts),
+        batch_size=tc.batch_size, epochs=tc.epochs, fraction=pc.prefetch_fraction, init=pc.init,
+        seed=tc.seed, max_steps_per_epoch=tc.max_steps_per_epoch, order=tc.order,
+        cluster_size=tc.cluster_size)
+    return dataclasses.replace(spec, **over)
+
+
 def load_graph(name: str, seed: int | None = None):
     """A synthetic preset as a DGLGraph without feature rows (traces need none), plus its
     feature row size in bytes."""
