@@ -55,6 +55,10 @@ class TrainConfig(Strict):
     max_steps_per_epoch: int | None = Field(None, gt=0)  # cap for quick runs and tests
     # auto: cuda:0 when torch sees a GPU, else the CPU; cuda: fail (naming why) without one
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # the seeds' order per epoch (rudder/seed_order.py): shuffle (DGL's), proximity (BFS over the
+    # partition) or cluster (BFS regions of cluster_size seeds, both orders reshuffled per epoch)
+    order: Literal["shuffle", "proximity", "cluster"] = "shuffle"
+    cluster_size: int = Field(4000, gt=0)  # seeds per cluster for order=cluster
 
     @field_validator("fanouts", mode="before")
     @classmethod

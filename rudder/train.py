@@ -230,10 +230,14 @@ def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
 
 
 def train_loader_and_steps(part: Partition, tc):
-    """The shuffled training loader and the steps per epoch (the same on every rank: DDP)."""
+    """The training loader (seeds in train.order) and the steps per epoch (the same on every rank: DDP)."""
     import torch
 
-    loader = part.loader(part.train_nids, tc, shuffle=True)
+    loader = part.loader(part.train_nids, tc, shuffle=tc.order == "shuffle")
+    if tc.order != "shuffle":  # a locality order, set per epoch (rudder/seed_order.py)
+        from rudder.seed_order import OrderedLoader, trainer_order
+
+        loader = OrderedLoader(loader, trainer_order(part, tc))
     steps = torch.tensor([(part.train_nids.numel() + tc.batch_size - 1) // tc.batch_size])
     torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
     full_steps = int(steps)

@@ -71,6 +71,9 @@ def register(sub) -> None:
     t.add_argument("--init", choices=["degree", "random", "empty"], default="degree")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--max-steps", type=int, default=None, help="cap on minibatches per epoch")
+    t.add_argument("--order", choices=["shuffle", "proximity", "cluster"], default="shuffle",
+                   help="the seeds' order per epoch, as train.order (rudder/seed_order.py)")
+    t.add_argument("--cluster-size", type=int, default=4000, help="seeds per cluster (--order cluster)")
     t.add_argument("--out", type=Path, default=None,
                    help="output folder (default traces/<graph>-p<P>-<method>)")
     t.set_defaults(func=main_tracegen)
@@ -160,7 +163,7 @@ def main_tracegen(args) -> int:
         graph=args.graph, parts=args.parts, part=args.part, method=args.method,
         fanouts=[int(x) for x in str(args.fanouts).split(",") if x], batch_size=args.batch_size,
         epochs=args.epochs, fraction=args.fraction, init=args.init, seed=args.seed,
-        max_steps_per_epoch=args.max_steps,
+        max_steps_per_epoch=args.max_steps, order=args.order, cluster_size=args.cluster_size,
     )
     spec.validate()
     trace, facts = generate_trace(spec)

@@ -7,7 +7,8 @@ remote accesses (the same trace format training writes).
   halo       1-hop in-neighbours of partition `part`'s nodes that it does not own (the nodes
              DistDGL's partition_graph puts in the local graph with inner_node == False)
   sampling   dgl.dataloading.NeighborSampler(fanouts) on the full graph over the partition's
-             training nodes, shuffled, `batch_size` seeds per minibatch, as the trainer does;
+             training nodes, shuffled (or in `order`: rudder.seed_order, as the trainer's
+             train.order), `batch_size` seeds per minibatch, as the trainer does;
              remote = input nodes owned by another partition (2-hop ones need not be halo)
   init       the buffer's initial fill, capacity = fraction x |halo|: `degree` (top in-degree
              halo nodes, stored highest first, so a smaller capacity keeps the best), `random`,
@@ -45,6 +46,8 @@ class TraceGenSpec:
     seed: int = 0
     max_steps_per_epoch: int | None = None
     feat_bytes: int | None = None  # default: the graph's feature row size (float32)
+    order: str = "shuffle"  # the seeds' order per epoch (train.order): shuffle | proximity | cluster
+    cluster_size: int = 4000  # seeds per cluster for order=cluster (train.cluster_size)
 
     def validate(self) -> None:
         if not 1 <= self.parts <= 1024 or not 0 <= self.part < self.parts:
@@ -55,6 +58,9 @@ class TraceGenSpec:
             raise ValueError(f"unknown init {self.init!r}; valid: degree, random, empty")
         if not 0 <= self.fraction <= 1:
             raise ValueError("fraction must be in [0, 1]")
+        from rudder.seed_order import check_order
+
+        check_order(self.order)
         if self.batch_size <= 0 or self.epochs <= 0 or not self.fanouts:
             raise ValueError("batch_size and epochs must be > 0, fanouts non-empty")
 
@@ -120,10 +126,22 @@ def trace_from_graph(g, owner: np.ndarray, spec: TraceGenSpec, train_mask: np.nd
     loader = dgl.dataloading.DataLoader(
         g, torch.from_numpy(train), sampler, batch_size=spec.batch_size, shuffle=True, drop_last=False
     )
+    order = None
+    if spec.order != "shuffle":  # the trainer's SeedOrder over the edges between owned nodes
+        from rudder.seed_order import SeedOrder
+
+        src, dst = (x.numpy() for x in g.edges())
+        both = owned[src] & owned[dst]
+        order = SeedOrder(train, spec.order, spec.seed + part, src[both], dst[both],
+                          cluster_size=spec.cluster_size)
     owner_t = torch.from_numpy(owner)
     chunks, epochs, inputs = [], [], []
     t0 = time.perf_counter()
     for epoch in range(spec.epochs):
+        if order is not None:
+            loader = dgl.dataloading.DataLoader(
+                g, torch.from_numpy(train[order.epoch(epoch)]), sampler, batch_size=spec.batch_size,
+                shuffle=False, drop_last=False)
         for step, (input_nodes, _seeds, _blocks) in enumerate(loader):
             if spec.max_steps_per_epoch and step >= spec.max_steps_per_epoch:
                 break
@@ -138,6 +156,22 @@ def trace_from_graph(g, owner: np.ndarray, spec: TraceGenSpec, train_mask: np.nd
         input_rows=np.asarray(inputs, dtype=np.int64), feat_bytes=feat_bytes, part_id=part,
         num_parts=spec.parts,
     )
+
+
+def spec_from_config(cfg, part: int = 0, **over) -> TraceGenSpec:
+    """The TraceGenSpec of a run config (a RunConfig, e.g. configs/scenarios/*.yaml): its
+    dataset (a synthetic preset), partitioning, machines, fanouts, batch size, epochs, seed
+    order and buffer fraction; `over` replaces fields (epochs, max_steps_per_epoch, ...)."""
+    import dataclasses
+
+    tc, pc = cfg.train, cfg.prefetch
+    spec = TraceGenSpec(
+        graph=cfg.dataset.name, parts=cfg.cluster.machines * cfg.cluster.trainers_per_machine,
+        part=part, method=cfg.dataset.partition_method, fanouts=list(tc.fanouts),
+        batch_size=tc.batch_size, epochs=tc.epochs, fraction=pc.prefetch_fraction, init=pc.init,
+        seed=tc.seed, max_steps_per_epoch=tc.max_steps_per_epoch, order=tc.order,
+        cluster_size=tc.cluster_size)
+    return dataclasses.replace(spec, **over)
 
 
 def load_graph(name: str, seed: int | None = None):
