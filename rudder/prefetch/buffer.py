@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from rudder.prefetch.nextuse import RING, WindowNextUse, next_use_scratch
+
 
 class HaloBuffer:
     def __init__(
@@ -41,6 +43,10 @@ class HaloBuffer:
         H = self.halo.numel()
         self._build_index()
         self._pos_memo: dict = {}
+        self._next_use: WindowNextUse | None = None  # made by the first lookahead round
+        self._planned: tuple | None = None  # (ids, halo positions) of the last plan's newcomers
+        self._scratch: torch.Tensor | None = None  # gather_into's rows, reused
+        self._row_map: torch.Tensor | None = None  # rows_at's halo position -> row, reused
         if capacity < 0 or capacity > H:
             raise ValueError(f"capacity {capacity} must be in [0, {H}] (the halo size)")
         self.capacity = int(capacity)
@@ -101,6 +107,17 @@ class HaloBuffer:
         (safe to replace later). `slots` may be on the CPU (the index's side)."""
         return self.feats.index_select(0, slots.to(self.feats.device))
 
+    def gather_into(self, out: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """out[rows] = the buffered rows of `slots`, through a scratch tensor kept between
+        minibatches (no fresh allocation, no page faults each minibatch). The scratch never
+        leaves this call, so reusing it is safe while earlier outputs are still being trained on;
+        the thread that runs steps is the only caller."""
+        n = slots.numel()
+        if self._scratch is None or self._scratch.shape[0] < n or self._scratch.dtype != self.feats.dtype:
+            self._scratch = self.feats.new_empty((n + n // 4, self.feats.shape[1]))
+        got = torch.index_select(self.feats, 0, slots.to(self.feats.device), out=self._scratch[:n])
+        out.index_copy_(0, rows.to(out.device), got)
+
     @property
     def device(self) -> torch.device:
         return self.feats.device
@@ -112,7 +129,7 @@ class HaloBuffer:
 
     def _write(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
         """Rows into slots; rows pulled on the CPU cross to the device here (newcomers only)."""
-        self.feats[slots.to(self.feats.device)] = feats.to(self.feats.device, self.feats.dtype)
+        self.feats.index_copy_(0, slots.to(self.feats.device), feats.to(self.feats.device, self.feats.dtype))
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def record(self, hit_slots: torch.Tensor, missed_pos: torch.Tensor, count_misses: bool = True):
@@ -175,7 +192,26 @@ class HaloBuffer:
             return _EMPTY, _EMPTY
         # most missed first; ties to the lower node id (stable sort: deterministic everywhere)
         top = torch.sort(-self.miss_count[cand], stable=True).indices[:n]
-        return victims[:n], self.halo[cand[top]]
+        return victims[:n], self._newcomers(cand[top])
+
+    def _newcomers(self, pos: torch.Tensor) -> torch.Tensor:
+        """A plan's newcomer ids; `apply` takes their positions from here instead of searching."""
+        ids = self.halo[pos]
+        self._planned = (ids, pos)
+        return ids
+
+    def planned_positions(self, new_ids: torch.Tensor) -> torch.Tensor | None:
+        """Halo positions of `new_ids` if it is the very tensor this buffer's last plan made."""
+        planned = self._planned
+        return planned[1] if planned is not None and planned[0] is new_ids else None
+
+    def rows_at(self, pos: torch.Tensor, rows: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """rows[i] where pos[i] == q, for each q of `query` (every q among `pos`, `pos` unique):
+        through a map over the halo kept between calls, not a sort."""
+        if self._row_map is None:
+            self._row_map = torch.empty(self.halo.numel(), dtype=torch.int64)
+        self._row_map[pos] = rows
+        return self._row_map[query]
 
     def plan_lookahead(
         self,
@@ -201,33 +237,45 @@ class HaloBuffer:
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
         INF = len(future) + 1
-        next_use = torch.full((H,), INF, dtype=torch.int64)
-        freq = torch.zeros(H, dtype=torch.int64)
-        for d, ids in enumerate(future, start=1):  # per minibatch, not per node
-            pos = self._future_positions(ids)
-            next_use.scatter_reduce_(0, pos, torch.full_like(pos, d), reduce="amin")
-            freq.index_add_(0, pos, torch.ones_like(pos))
-        free = torch.zeros(H, dtype=torch.bool)
-        if free_pos is not None and free_pos.numel():
-            free[free_pos] = True
-        want = (self.slot_of < 0) & (next_use < INF)
-        cand = torch.nonzero(want & free if admit == "misses" else want).flatten()
+        if len(future) <= RING:  # kept up to date as the window slides (rudder.prefetch.nextuse)
+            if self._next_use is None:
+                self._next_use = WindowNextUse(H)
+            nu = self._next_use
+            nu.sync(future, self._future_positions)
+            next_use_of, freq_of = nu.next_use, nu.frequency
+        else:
+            nu = None
+            next_use, freq = next_use_scratch([self._future_positions(f) for f in future], H)
+            next_use_of, freq_of = next_use.__getitem__, freq.__getitem__
+        has_free = free_pos is not None and free_pos.numel() > 0
+        if admit == "misses":  # candidates: the free nodes (sorted, as a scan of the halo gives them)
+            if not has_free:
+                return _EMPTY, _EMPTY
+            cand = torch.unique(free_pos)
+            cand = cand[(self.slot_of[cand] < 0) & (next_use_of(cand) < INF)]
+            cand_free = torch.ones(cand.numel(), dtype=torch.bool)
+        else:
+            used = nu.used() if nu is not None else next_use < INF
+            cand = torch.nonzero((self.slot_of < 0) & used).flatten()
+            cand_free = torch.isin(cand, free_pos) if has_free else torch.zeros(cand.numel(), dtype=torch.bool)
         n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
             return _EMPTY, _EMPTY
         # one integer key: next use ascending, then free first, then frequency descending
         F = len(future) + 1
-        ckey = (next_use[cand] * 2 + (~free[cand]).long()) * (F + 1) + (F - freq[cand])
-        cand = cand[torch.topk(ckey, n, largest=False, sorted=True).indices]
+        cand_next = next_use_of(cand)
+        ckey = (cand_next * 2 + (~cand_free).long()) * (F + 1) + (F - freq_of(cand))
+        top = torch.topk(ckey, n, largest=False, sorted=True).indices
+        cand, cand_next = cand[top], cand_next[top]
         filled = self.slot_pos >= 0
-        vnext = torch.full((self.capacity,), INF + 1, dtype=torch.int64)  # empty slots first
-        vnext[filled] = next_use[self.slot_pos[filled]]
-        # victims: latest next use first; ties (e.g. unused in the window) by lowest score
+        # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
+        # lowest score
+        vnext = torch.where(filled, next_use_of(self.slot_pos.clamp(min=0)), INF + 1)
         vkey = vnext.double() * 1e12 - self.score
         victims = torch.topk(vkey, n, largest=True, sorted=True).indices
-        ok = next_use[cand] < vnext[victims]
+        ok = cand_next < vnext[victims]
         k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
-        return victims[:k], self.halo[cand[:k]]
+        return victims[:k], self._newcomers(cand[:k])
 
     # ---- mutation -------------------------------------------------------------------------
     def fill(self, ids: torch.Tensor, feats: torch.Tensor | None = None) -> None:
@@ -251,7 +299,10 @@ class HaloBuffer:
         newcomer's miss count."""
         if slots.numel() == 0:
             return
-        _, new_pos = self.halo_positions(new_ids)
+        new_pos = self.planned_positions(new_ids)
+        self._planned = None
+        if new_pos is None:
+            _, new_pos = self.halo_positions(new_ids)
         old_pos = self.slot_pos[slots]
         had = old_pos >= 0
         self.miss_count[old_pos[had]] = self.score[slots[had]]

@@ -130,14 +130,14 @@ class BufferedFeatures:
             out = rows.new_empty((n, rows.shape[1]))
             m = kept_idx.numel()
             out.index_copy_(0, kept_idx.to(self.device), rows[:m])
-            out.index_copy_(0, hit_idx.to(self.device), self.buffer.gather(step.hit_slots))
+            self.buffer.gather_into(out, hit_idx, step.hit_slots)
             # position of each miss inside `rows` (misses, then extras: for the newcomers)
             pos_in_rows = torch.cumsum(keep, 0) - 1
             where = torch.cat([pos_in_rows[remote_idx[~step.hit_mask]],
                                torch.arange(m, m + step.extra_ids.numel())]).to(self.device)
         else:
             out = rows[:n]
-            out.index_copy_(0, hit_idx, self.buffer.gather(step.hit_slots))
+            self.buffer.gather_into(out, hit_idx, step.hit_slots)
             # rows of step.pull_ids (misses, then extras) inside `rows`, for the newcomers
             where = torch.cat([remote_idx[~step.hit_mask], torch.arange(n, n + step.extra_ids.numel())])
         t_apply = time.perf_counter() - t2 + finish_step(self.buffer, step, rows, where)
