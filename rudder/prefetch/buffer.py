@@ -27,6 +27,8 @@ from rudder.prefetch.nextuse import RING, WindowNextUse, next_use_scratch
 
 
 class HaloBuffer:
+    incremental_next_use = True  # False: the round computes next use from scratch (tests compare)
+
     def __init__(
         self,
         halo_ids: torch.Tensor,
@@ -237,7 +239,7 @@ class HaloBuffer:
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
         INF = len(future) + 1
-        if len(future) <= RING:  # kept up to date as the window slides (rudder.prefetch.nextuse)
+        if self.incremental_next_use and len(future) <= RING:  # kept up to date as the window slides (rudder.prefetch.nextuse)
             if self._next_use is None:
                 self._next_use = WindowNextUse(H)
             nu = self._next_use
