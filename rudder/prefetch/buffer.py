@@ -82,14 +82,14 @@ class HaloBuffer:
             return z.bool(), z
         nb = self._bucket_off.numel() - 1
         bk = (ids >> self._shift).clamp_(0, nb - 1)
-        lo, hi = self._bucket_off[bk], self._bucket_off[bk + 1]
+        lo, hi = self._bucket_off.index_select(0, bk), self._bucket_off.index_select(0, bk + 1)
         for _ in range(self._search_steps):
             mid = (lo + hi) >> 1
-            right = (mid < hi) & (self.halo[mid.clamp(max=H - 1)] < ids)
+            right = (mid < hi) & (self.halo.index_select(0, mid.clamp(max=H - 1)) < ids)
             lo = torch.where(right, mid + 1, lo)
             hi = torch.where(right, hi, mid)
         pos = lo.clamp_(max=H - 1)
-        return self.halo[pos] == ids, pos
+        return self.halo.index_select(0, pos) == ids, pos
 
     def lookup(self, remote_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Splits remote ids into hits and misses: (hit mask, slot or -1)."""
@@ -101,7 +101,7 @@ class HaloBuffer:
         A minibatch that an earlier lookahead round saw ahead is not searched again (memo)."""
         hit = self._memo(ids)
         is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
-        slots = torch.where(is_halo, self.slot_of[pos], torch.full_like(pos, -1))
+        slots = torch.where(is_halo, self.slot_of.index_select(0, pos), -1)
         return is_halo, pos, slots
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,7 @@ class HaloBuffer:
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
         self.score.mul_(self.decay)
         if hit_slots.numel():
-            self.score[hit_slots] /= self.decay
+            self.score.scatter_(0, hit_slots, self.score.index_select(0, hit_slots) / self.decay)
         if count_misses and missed_pos.numel():
             self.miss_count.index_add_(0, missed_pos, torch.ones(missed_pos.numel(), dtype=torch.float64))
 
@@ -174,7 +174,7 @@ class HaloBuffer:
         hit = self._memo(ids)
         if hit is None:
             is_halo, pos = self.halo_positions(ids)
-            hit = (ids, is_halo, pos, pos[is_halo])
+            hit = (ids, is_halo, pos, pos.masked_select(is_halo))
             self._pos_memo[self._memo_key(ids)] = hit
             while len(self._pos_memo) > 16:
                 self._pos_memo.pop(next(iter(self._pos_memo)))
@@ -198,7 +198,7 @@ class HaloBuffer:
 
     def _newcomers(self, pos: torch.Tensor) -> torch.Tensor:
         """A plan's newcomer ids; `apply` takes their positions from here instead of searching."""
-        ids = self.halo[pos]
+        ids = self.halo.index_select(0, pos)
         self._planned = (ids, pos)
         return ids
 
@@ -212,8 +212,8 @@ class HaloBuffer:
         through a map over the halo kept between calls, not a sort."""
         if self._row_map is None:
             self._row_map = torch.empty(self.halo.numel(), dtype=torch.int64)
-        self._row_map[pos] = rows
-        return self._row_map[query]
+        self._row_map.scatter_(0, pos, rows)
+        return self._row_map.index_select(0, query)
 
     def plan_lookahead(
         self,
@@ -248,34 +248,36 @@ class HaloBuffer:
         else:
             nu = None
             next_use, freq = next_use_scratch([self._future_positions(f) for f in future], H)
-            next_use_of, freq_of = next_use.__getitem__, freq.__getitem__
+            next_use_of, freq_of = (lambda p: next_use.index_select(0, p)), (lambda p: freq.index_select(0, p))
         has_free = free_pos is not None and free_pos.numel() > 0
         if admit == "misses":  # candidates: the free nodes (sorted, as a scan of the halo gives them)
             if not has_free:
                 return _EMPTY, _EMPTY
             cand = torch.unique(free_pos)
-            cand = cand[(self.slot_of[cand] < 0) & (next_use_of(cand) < INF)]
+            cand_next = next_use_of(cand)
+            keep = (self.slot_of.index_select(0, cand) < 0) & (cand_next < INF)
+            cand, cand_next = cand.masked_select(keep), cand_next.masked_select(keep)
             cand_free = torch.ones(cand.numel(), dtype=torch.bool)
         else:
             used = nu.used() if nu is not None else next_use < INF
             cand = torch.nonzero((self.slot_of < 0) & used).flatten()
+            cand_next = next_use_of(cand)
             cand_free = torch.isin(cand, free_pos) if has_free else torch.zeros(cand.numel(), dtype=torch.bool)
         n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
             return _EMPTY, _EMPTY
         # one integer key: next use ascending, then free first, then frequency descending
         F = len(future) + 1
-        cand_next = next_use_of(cand)
         ckey = (cand_next * 2 + (~cand_free).long()) * (F + 1) + (F - freq_of(cand))
         top = torch.topk(ckey, n, largest=False, sorted=True).indices
-        cand, cand_next = cand[top], cand_next[top]
+        cand, cand_next = cand.index_select(0, top), cand_next.index_select(0, top)
         filled = self.slot_pos >= 0
         # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
         # lowest score
         vnext = torch.where(filled, next_use_of(self.slot_pos.clamp(min=0)), INF + 1)
         vkey = vnext.double() * 1e12 - self.score
         victims = torch.topk(vkey, n, largest=True, sorted=True).indices
-        ok = cand_next < vnext[victims]
+        ok = cand_next < vnext.index_select(0, victims)
         k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
         return victims[:k], self._newcomers(cand[:k])
 
@@ -305,13 +307,15 @@ class HaloBuffer:
         self._planned = None
         if new_pos is None:
             _, new_pos = self.halo_positions(new_ids)
-        old_pos = self.slot_pos[slots]
+        # (slots, old and new positions are each duplicate-free: scatter_ is index_put here)
+        old_pos = self.slot_pos.index_select(0, slots)
         had = old_pos >= 0
-        self.miss_count[old_pos[had]] = self.score[slots[had]]
-        self.slot_of[old_pos[had]] = -1
-        self.score[slots] = self.miss_count[new_pos]
-        self.slot_pos[slots] = new_pos
-        self.slot_of[new_pos] = slots
+        old, evicted = old_pos.masked_select(had), slots.masked_select(had)
+        self.miss_count.scatter_(0, old, self.score.index_select(0, evicted))
+        self.slot_of.index_fill_(0, old, -1)
+        self.score.scatter_(0, slots, self.miss_count.index_select(0, new_pos))
+        self.slot_pos.scatter_(0, slots, new_pos)
+        self.slot_of.scatter_(0, new_pos, slots)
         if self.store_features and feats is not None:
             self._write(slots, feats)
 

@@ -64,18 +64,18 @@ class WindowNextUse:
     def _enter(self, ids: torch.Tensor, pos: torch.Tensor) -> None:
         a = self.count
         self.count += 1
-        self.bits[pos] = self.bits[pos] | (1 << (a % RING))
-        self.freq.index_add_(0, pos, torch.ones_like(pos))
+        self.bits.scatter_(0, pos, self.bits.gather(0, pos) | (1 << (a % RING)))
+        self.freq.scatter_add_(0, pos, torch.ones_like(pos))
         self.window.append((ids, pos, a))
 
     def _leave(self) -> None:
         _, pos, a = self.window.popleft()
-        self.bits[pos] = self.bits[pos] & ~(1 << (a % RING))
-        self.freq.index_add_(0, pos, torch.full_like(pos, -1))
+        self.bits.scatter_(0, pos, self.bits.gather(0, pos) & ~(1 << (a % RING)))
+        self.freq.scatter_add_(0, pos, torch.full_like(pos, -1))
 
     def used(self, pos: torch.Tensor | None = None) -> torch.Tensor:
         """Whether the window uses each node (of `pos`, or all)."""
-        return (self.bits if pos is None else self.bits[pos]) != 0
+        return (self.bits if pos is None else self.bits.gather(0, pos)) != 0
 
     def next_use(self, pos: torch.Tensor) -> torch.Tensor:
         """1 + the index in the window of the first minibatch using each node; len(window)+1
@@ -84,19 +84,19 @@ class WindowNextUse:
         if not self.window:
             return torch.full_like(pos, never)
         s = self.window[0][2] % RING
-        x = self.bits[pos]
-        hi = x >> s  # minibatches from the front up to the ring's end
-        lo = x & ((1 << s) - 1)  # those after it, numbered from bit 0 again
-        first = torch.where(hi != 0, _lowest_bit(hi) + 1, _lowest_bit(lo) + (RING - s + 1))
-        return torch.where(x != 0, first, torch.full_like(first, never))
+        x = self.bits.gather(0, pos)
+        # rotate the front minibatch's bit to bit 0 (62-bit values: no shift reaches the sign)
+        x = (x >> s) | ((x & ((1 << s) - 1)) << (RING - s))
+        return torch.where(x != 0, _lowest_bit(x) + 1, never)
 
     def frequency(self, pos: torch.Tensor) -> torch.Tensor:
-        return self.freq[pos]
+        return self.freq.gather(0, pos)
 
 
 def _lowest_bit(x: torch.Tensor) -> torch.Tensor:
-    """Index of the lowest set bit of each x > 0 (x < 2^62: exact in a double); garbage at 0."""
-    return torch.log2((x & -x).double()).long()
+    """Index of the lowest set bit of each x > 0 (x < 2^62): the exponent of x & -x as a
+    double (exact: a power of two); garbage at 0."""
+    return ((x & -x).double().view(torch.int64) >> 52) - 1023
 
 
 def next_use_scratch(positions: list[torch.Tensor], num_halo: int) -> tuple[torch.Tensor, torch.Tensor]:
