@@ -12,11 +12,14 @@ after  = this checkout: next use kept up to date as the window slides (rudder.pr
 Part 1, one step (what `t_buffer` counts: lookup, bookkeeping, round, hit rows into the output,
 newcomers into the buffer) at synth-bench scale: 300k halo, capacity 75k, ~39k remote ids per
 minibatch, 128-dim rows, 1 thread. Two buffers get the same minibatches, alternating A B B A; their
-decisions and rows are asserted equal. Part 2, replay throughput over a trace (`--trace
+decisions and rows are asserted equal. Part 2, BufferedFeatures.fetch (the training path; its
+features.py also as of `--before`) over a plain feature tensor: the `t_buffer` of each minibatch's
+record, outputs asserted equal to the table's rows. Part 3, replay throughput over a trace (`--trace
 trace-r0.npz`, else a random one at bench_sim.py's scale), whole replays alternating; hits
 asserted equal.
 
-  python benchmarks/bench_buffer_ab.py [--steps 60] [--trace PATH] [--replays 3] [--before REV]
+  python benchmarks/bench_buffer_ab.py [--part step|fetch|replay|all] [--steps 60] [--trace PATH]
+      [--replays 3] [--before REV]
 """
 from __future__ import annotations
 
@@ -36,17 +39,19 @@ from rudder.prefetch.policy import Replace
 from rudder.prefetch.step import begin_step, finish_step
 
 
-def load_before(rev: str) -> tuple[types.ModuleType, types.ModuleType]:
-    """rudder/prefetch/buffer.py and step.py as of `rev`, loaded beside this code (git show)."""
+def load_before(rev: str) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
+    """rudder/prefetch/buffer.py, step.py and features.py as of `rev`, loaded beside this code
+    (git show); the old features module calls the old step functions."""
     mods = []
-    for name in ("buffer", "step"):
+    for name in ("buffer", "step", "features"):
         src = subprocess.run(["git", "show", f"{rev}:rudder/prefetch/{name}.py"], capture_output=True, text=True,
                              check=True, cwd=Path(__file__).resolve().parent).stdout
         mod = types.ModuleType(f"before_{name}")
         sys.modules[mod.__name__] = mod  # dataclasses look their module up
         exec(compile(src, f"{rev}:rudder/prefetch/{name}.py", "exec"), mod.__dict__)
         mods.append(mod)
-    return mods[0], mods[1]
+    mods[2].begin_step, mods[2].finish_step = mods[1].begin_step, mods[1].finish_step
+    return mods[0], mods[1], mods[2]
 
 
 @contextlib.contextmanager
@@ -95,7 +100,7 @@ def step_once(buf, before, ids, plan, future, dim, begin_step, finish_step):
     return wall, cpu, (step.victims.tolist(), step.newcomers.tolist())
 
 
-def part_step(args, old_buffer, old_step) -> None:
+def part_step(args, old_buffer, old_step, old_features) -> None:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     H, dim = 300_000, 128
@@ -136,7 +141,7 @@ def part_step(args, old_buffer, old_step) -> None:
               f"{1e3 * ma:.2f} ({ma / mb:.2f}x); cpu before {1e3 * cb:.2f}, after {1e3 * ca:.2f} ({ca / cb:.2f}x)")
 
 
-def part_replay(args, old_buffer, old_step) -> None:
+def part_replay(args, old_buffer, old_step, old_features) -> None:
     from rudder.sim.simulate import simulate
     from rudder.sim.trace import Trace
     from rudder.sim.tracegen import random_trace
@@ -169,21 +174,64 @@ def part_replay(args, old_buffer, old_step) -> None:
               f"{fmt['before'][1]:.2f}, after {fmt['after'][1]:.2f} ({fmt['after'][1] / fmt['before'][1]:.2f}x)")
 
 
+def part_fetch(args, old_buffer, old_step, old_features) -> None:
+    """BufferedFeatures.fetch, the training path, with a plain tensor as the feature store: the
+    `t_buffer` each minibatch's record gets (the share BENCHMARKS section 2 reports)."""
+    from rudder.prefetch.features import BufferedFeatures
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(1)
+    local, H, dim = 100_000, 300_000, 128  # partition 0 owns ids < local; the rest is its halo
+    table = torch.randn(local + H, dim, generator=g)
+    owner_of = lambda ids: (ids >= local).long()  # noqa: E731
+    halo = torch.arange(local, local + H)
+    cap = H // 4
+    init = choose_initial(halo, cap, "random")
+    w = torch.distributions.Pareto(1.0, 1.2).sample((H,))
+
+    def minibatch():  # ~39k remote (skewed) and ~60k local input ids, in sampler order
+        r = torch.unique(halo[torch.multinomial(w, 48_000, replacement=True, generator=g)])
+        ids = torch.cat([torch.randperm(local, generator=g)[:60_000], r])
+        return ids[torch.randperm(ids.numel(), generator=g)]
+
+    mbs = [minibatch() for _ in range(args.steps + 10)]
+    print(f"fetch: {local} local + {H} halo nodes, capacity {cap}, ~{mbs[0].numel()} input ids/minibatch, "
+          f"dim {dim}; {args.steps} minibatches each, A B B A")
+    for admit in ("misses", "any"):
+        plan = Replace("lookahead", int(0.1 * cap), admit=admit)
+        feats = {}
+        for mode, mod_b, mod_f in (("before", old_buffer, old_features), ("after", None, None)):
+            buf = (mod_b.HaloBuffer if mod_b else HaloBuffer)(halo, cap, dim)
+            buf.fill(init, table[init])
+            feats[mode] = (mod_f.BufferedFeatures if mod_f else BufferedFeatures)(table, owner_of, 0, buf, 0)
+        remote = [feats["after"].remote_ids(m) for m in mbs]  # the pipeline's, sampled ahead
+        t = {"before": [], "after": []}
+        for i in range(args.steps):
+            got = {}
+            for mode in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                got[mode], st = feats[mode].fetch(mbs[i], plan, remote[i + 1:i + 9], remote=remote[i])
+                t[mode].append(st.t_buffer)
+            assert torch.equal(got["before"], got["after"]), f"minibatch {i}: outputs differ"
+            assert torch.equal(got["after"], table[mbs[i]])
+        mb, ma = statistics.median(t["before"]), statistics.median(t["after"])
+        print(f"fetch t_buffer (lookahead k=8, 10%, admit {admit}): median ms before {1e3 * mb:.2f}, after "
+              f"{1e3 * ma:.2f} ({ma / mb:.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--trace", default=None, help="a trace-r<R>.npz to replay in part 2")
     ap.add_argument("--replays", type=int, default=3)
     ap.add_argument("--policies", default="lookahead,lookahead:8:0.1:any")
-    ap.add_argument("--part", choices=("step", "replay", "both"), default="both")
+    ap.add_argument("--part", choices=("step", "fetch", "replay", "all"), default="all")
     ap.add_argument("--before", default="41f550a", help="the git revision to compare against")
     args = ap.parse_args()
     old = load_before(args.before)
-    print(f"before = rudder/prefetch/{{buffer,step}}.py at {args.before}; after = this checkout")
-    if args.part in ("step", "both"):
-        part_step(args, *old)
-    if args.part in ("replay", "both"):
-        part_replay(args, *old)
+    print(f"before = rudder/prefetch/{{buffer,step,features}}.py at {args.before}; after = this checkout")
+    for name, part in (("step", part_step), ("fetch", part_fetch), ("replay", part_replay)):
+        if args.part in (name, "all"):
+            part(args, *old)
 
 
 if __name__ == "__main__":
