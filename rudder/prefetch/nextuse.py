@@ -6,9 +6,11 @@ rounds the window slides: the minibatch now trained on leaves its front, one new
 enters at its back. So per halo node we keep
   bits [H] int64   bit (a mod 62) set when the window's minibatch number a uses the node
   freq [H] int64   how many window minibatches use it
-and a minibatch entering or leaving touches only its own positions (O(its size), not O(H)).
-A node's next use is the lowest set bit counted from the front minibatch's bit. Minibatch
-numbers a are given in order of entry, so the window's are consecutive (at most 62 of them).
+  first [H] int64  the number a of the first window minibatch using it
+and a minibatch entering or leaving touches only its own positions (O(its size), not O(H)):
+entering, it is its nodes' first use if they had none; leaving (always the front), its nodes'
+first use moves to their next set bit. Minibatch numbers a are given in order of entry, so the
+window's are consecutive (at most 62 of them) and a node's next use is first - front + 1.
 
 A window that does not continue the last one (another epoch, a fork, a round skipped until its
 minibatches all left) is rebuilt: the same cost as computing it from scratch, once.
@@ -21,12 +23,14 @@ import collections
 import torch
 
 RING = 62  # bits per node: bit 63 is the sign and bit 62 keeps the shifts clear of it
+NONE = 1 << 62  # `first` of a node no window minibatch uses
 
 
 class WindowNextUse:
     def __init__(self, num_halo: int):
         self.bits = torch.zeros(num_halo, dtype=torch.int64)
         self.freq = torch.zeros(num_halo, dtype=torch.int64)
+        self.first = torch.full((num_halo,), NONE, dtype=torch.int64)  # number of the first use
         # (ids, positions, number a); holding `ids` keeps its storage (and so its key) alive
         self.window: collections.deque = collections.deque()
         self.count = 0  # the next minibatch number
@@ -54,6 +58,7 @@ class WindowNextUse:
         if held[drop:] != keys[:kept]:  # not a continuation: start again
             self.bits.zero_()
             self.freq.zero_()
+            self.first.fill_(NONE)
             self.window.clear()
             drop = kept = 0
         for _ in range(drop):
@@ -66,12 +71,20 @@ class WindowNextUse:
         self.count += 1
         self.bits.scatter_(0, pos, self.bits.gather(0, pos) | (1 << (a % RING)))
         self.freq.scatter_add_(0, pos, torch.ones_like(pos))
+        self.first.scatter_(0, pos, self.first.gather(0, pos).clamp_(max=a))  # a: the newest
         self.window.append((ids, pos, a))
 
     def _leave(self) -> None:
+        """The front minibatch a leaves: its nodes' first use moves to their next set bit."""
         _, pos, a = self.window.popleft()
-        self.bits.scatter_(0, pos, self.bits.gather(0, pos) & ~(1 << (a % RING)))
+        x = self.bits.gather(0, pos) & ~(1 << (a % RING))
+        self.bits.scatter_(0, pos, x)
         self.freq.scatter_add_(0, pos, torch.full_like(pos, -1))
+        # rotate minibatch a+1's bit to bit 0 (62-bit values: no shift reaches the sign); the
+        # window's numbers are consecutive, so bit j is minibatch a+1+j
+        s = (a + 1) % RING
+        r = (x >> s) | ((x & ((1 << s) - 1)) << (RING - s))
+        self.first.scatter_(0, pos, torch.where(x != 0, _lowest_bit(r) + (a + 1), NONE))
 
     def used(self, pos: torch.Tensor | None = None) -> torch.Tensor:
         """Whether the window uses each node (of `pos`, or all)."""
@@ -83,11 +96,8 @@ class WindowNextUse:
         never = len(self.window) + 1
         if not self.window:
             return torch.full_like(pos, never)
-        s = self.window[0][2] % RING
-        x = self.bits.gather(0, pos)
-        # rotate the front minibatch's bit to bit 0 (62-bit values: no shift reaches the sign)
-        x = (x >> s) | ((x & ((1 << s) - 1)) << (RING - s))
-        return torch.where(x != 0, _lowest_bit(x) + 1, never)
+        front = self.window[0][2]
+        return (self.first.gather(0, pos) - (front - 1)).clamp_(max=never)
 
     def frequency(self, pos: torch.Tensor) -> torch.Tensor:
         return self.freq.gather(0, pos)
