@@ -102,3 +102,28 @@ def test_gather_into_reuses_its_scratch_without_aliasing():
     assert buf._scratch is scratch  # reused, not allocated again
     assert first.tolist() == [[6, 7], [0, 0], [2, 3]]  # untouched by the second call
     assert second.tolist() == [[0, 0], [0, 1]]
+
+
+def test_window_missing_read_off_the_round_equals_a_unique_over_the_window():
+    """buffer_state's `lookahead_missing`: from the round's index when it holds that window,
+    else by a unique; both give the distinct halo nodes of the window not buffered."""
+    rng = random.Random(5)
+    halo = torch.tensor(sorted(rng.sample(range(500), 100)))
+    buf = HaloBuffer(halo, 25, 0, store_features=False)
+    buf.fill(halo[:10])
+    stream = [torch.tensor(rng.sample(range(500), rng.randint(1, 60))) for _ in range(70)]
+
+    def by_unique(future):
+        ids = torch.unique(torch.cat(future))
+        return int(((buf.slot_of[buf.halo_positions(ids)[1]] < 0) & buf.halo_positions(ids)[0]).sum())
+
+    read_off = 0
+    for g in range(60):
+        future = stream[g + 1:g + 1 + rng.choice([8, 3, 0])]
+        step = begin_step(buf, stream[g], Replace("lookahead", 4) if g % 3 else None, future)
+        finish_step(buf, step)
+        read_off += buf._next_use is not None and bool(future) and buf._next_use.holds(future)
+        assert buf.window_missing(future) == (by_unique(future) if future else 0)
+        other = stream[g + 2:g + 5]  # a window the round did not see: the unique path
+        assert buf.window_missing(other) == by_unique(other)
+    assert read_off > 20

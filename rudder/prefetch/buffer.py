@@ -180,6 +180,20 @@ class HaloBuffer:
                 self._pos_memo.pop(next(iter(self._pos_memo)))
         return hit[3]
 
+    def window_missing(self, future: list[torch.Tensor]) -> int:
+        """Distinct halo nodes of the `future` minibatches not buffered. Read off the round's
+        next-use index when the last round's window is `future` (O(H) elementwise, no sort);
+        else a unique over the window."""
+        nu = self._next_use
+        if future and nu is not None and nu.holds(future):
+            return int((nu.used() & (self.slot_of < 0)).sum())
+        if not future:
+            return 0
+        ids = torch.unique(torch.cat(future))
+        is_halo, _ = self.halo_positions(ids)
+        hit, _ = self.lookup(ids[is_halo])
+        return int((~hit).sum())
+
     def stale_count(self) -> int:
         return int(((self.slot_pos >= 0) & (self.score < self.threshold)).sum())
 

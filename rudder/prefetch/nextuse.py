@@ -86,6 +86,11 @@ class WindowNextUse:
         r = (x >> s) | ((x & ((1 << s) - 1)) << (RING - s))
         self.first.scatter_(0, pos, torch.where(x != 0, _lowest_bit(r) + (a + 1), NONE))
 
+    def holds(self, future: list[torch.Tensor]) -> bool:
+        """Whether the window is `future` (synced to it, nothing left since)."""
+        return len(future) == len(self.window) and all(
+            self.key(f) == self.key(w[0]) for f, w in zip(future, self.window))
+
     def used(self, pos: torch.Tensor | None = None) -> torch.Tensor:
         """Whether the window uses each node (of `pos`, or all)."""
         return (self.bits if pos is None else self.bits.gather(0, pos)) != 0
