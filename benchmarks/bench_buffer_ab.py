@@ -1,7 +1,7 @@
 """Interleaved A/B of the buffer's hot path (issue 17), before and after in ONE process, so that
 the host's load hits both alike.
 
-before = rudder/prefetch/buffer.py and step.py as of `--before` (default 41f550a, loaded by `git
+before = rudder/prefetch/{buffer,step,features,metrics}.py as of `--before` (default 41f550a, loaded by `git
   show`): the lookahead round recomputes next use over the whole halo (8 scatters + O(halo) masks
   per round), `apply` searches the newcomers' positions again, `finish_step` sorts the pull to
   find the newcomers' rows, hit rows are gathered into a fresh tensor, 1-D advanced indexing.
@@ -39,11 +39,11 @@ from rudder.prefetch.policy import Replace
 from rudder.prefetch.step import begin_step, finish_step
 
 
-def load_before(rev: str) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
-    """rudder/prefetch/buffer.py, step.py and features.py as of `rev`, loaded beside this code
-    (git show); the old features module calls the old step functions."""
+def load_before(rev: str) -> tuple[types.ModuleType, ...]:
+    """rudder/prefetch/buffer.py, step.py, features.py and metrics.py as of `rev`, loaded beside
+    this code (git show); the old features module calls the old step functions."""
     mods = []
-    for name in ("buffer", "step", "features"):
+    for name in ("buffer", "step", "features", "metrics"):
         src = subprocess.run(["git", "show", f"{rev}:rudder/prefetch/{name}.py"], capture_output=True, text=True,
                              check=True, cwd=Path(__file__).resolve().parent).stdout
         mod = types.ModuleType(f"before_{name}")
@@ -51,11 +51,11 @@ def load_before(rev: str) -> tuple[types.ModuleType, types.ModuleType, types.Mod
         exec(compile(src, f"{rev}:rudder/prefetch/{name}.py", "exec"), mod.__dict__)
         mods.append(mod)
     mods[2].begin_step, mods[2].finish_step = mods[1].begin_step, mods[1].finish_step
-    return mods[0], mods[1], mods[2]
+    return tuple(mods)
 
 
 @contextlib.contextmanager
-def before_in_replay(old_buffer, old_step):
+def before_in_replay(old_buffer, old_step, old_metrics):
     """The simulator's buffer and step functions as of `rev` (rudder.sim.replay looks them up
     at each call)."""
     from rudder.sim import replay
@@ -70,12 +70,15 @@ def before_in_replay(old_buffer, old_step):
                 return super().halo_positions(ids)
             return ids >= 0, ids.clamp(min=0)
 
-    saved = replay.PositionBuffer, replay.begin_step, replay.finish_step
-    replay.PositionBuffer, replay.begin_step, replay.finish_step = OldPositionBuffer, old_step.begin_step, old_step.finish_step
+    names = ("PositionBuffer", "begin_step", "finish_step", "buffer_state")
+    saved = [getattr(replay, n) for n in names]
+    for n, f in zip(names, (OldPositionBuffer, old_step.begin_step, old_step.finish_step, old_metrics.buffer_state)):
+        setattr(replay, n, f)
     try:
         yield
     finally:
-        replay.PositionBuffer, replay.begin_step, replay.finish_step = saved
+        for n, f in zip(names, saved):
+            setattr(replay, n, f)
 
 
 def step_once(buf, before, ids, plan, future, dim, begin_step, finish_step):
@@ -100,7 +103,7 @@ def step_once(buf, before, ids, plan, future, dim, begin_step, finish_step):
     return wall, cpu, (step.victims.tolist(), step.newcomers.tolist())
 
 
-def part_step(args, old_buffer, old_step, old_features) -> None:
+def part_step(args, old_buffer, old_step, old_features, old_metrics) -> None:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     H, dim = 300_000, 128
@@ -141,7 +144,7 @@ def part_step(args, old_buffer, old_step, old_features) -> None:
               f"{1e3 * ma:.2f} ({ma / mb:.2f}x); cpu before {1e3 * cb:.2f}, after {1e3 * ca:.2f} ({ca / cb:.2f}x)")
 
 
-def part_replay(args, old_buffer, old_step, old_features) -> None:
+def part_replay(args, old_buffer, old_step, old_features, old_metrics) -> None:
     from rudder.sim.simulate import simulate
     from rudder.sim.trace import Trace
     from rudder.sim.tracegen import random_trace
@@ -162,7 +165,7 @@ def part_replay(args, old_buffer, old_step, old_features) -> None:
         hits = {}
         for i in range(args.replays):
             for mode in (("before", "after") if i % 2 == 0 else ("after", "before")):
-                with before_in_replay(old_buffer, old_step) if mode == "before" else contextlib.nullcontext():
+                with before_in_replay(old_buffer, old_step, old_metrics) if mode == "before" else contextlib.nullcontext():
                     c0 = time.process_time()
                     r = simulate(trace, policy)
                     t[mode].append((r.seconds, time.process_time() - c0))
@@ -174,7 +177,7 @@ def part_replay(args, old_buffer, old_step, old_features) -> None:
               f"{fmt['before'][1]:.2f}, after {fmt['after'][1]:.2f} ({fmt['after'][1] / fmt['before'][1]:.2f}x)")
 
 
-def part_fetch(args, old_buffer, old_step, old_features) -> None:
+def part_fetch(args, old_buffer, old_step, old_features, old_metrics) -> None:
     """BufferedFeatures.fetch, the training path, with a plain tensor as the feature store: the
     `t_buffer` each minibatch's record gets (the share BENCHMARKS section 2 reports)."""
     from rudder.prefetch.features import BufferedFeatures
@@ -228,7 +231,7 @@ def main() -> None:
     ap.add_argument("--before", default="41f550a", help="the git revision to compare against")
     args = ap.parse_args()
     old = load_before(args.before)
-    print(f"before = rudder/prefetch/{{buffer,step,features}}.py at {args.before}; after = this checkout")
+    print(f"before = rudder/prefetch/{{buffer,step,features,metrics}}.py at {args.before}; after = this checkout")
     for name, part in (("step", part_step), ("fetch", part_fetch), ("replay", part_replay)):
         if args.part in (name, "all"):
             part(args, *old)

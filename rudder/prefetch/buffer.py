@@ -271,7 +271,7 @@ class HaloBuffer:
             cand_next = next_use_of(cand)
             keep = (self.slot_of.index_select(0, cand) < 0) & (cand_next < INF)
             cand, cand_next = cand.masked_select(keep), cand_next.masked_select(keep)
-            cand_free = torch.ones(cand.numel(), dtype=torch.bool)
+            cand_free = None  # all free
         else:
             used = nu.used() if nu is not None else next_use < INF
             cand = torch.nonzero((self.slot_of < 0) & used).flatten()
@@ -282,7 +282,8 @@ class HaloBuffer:
             return _EMPTY, _EMPTY
         # one integer key: next use ascending, then free first, then frequency descending
         F = len(future) + 1
-        ckey = (cand_next * 2 + (~cand_free).long()) * (F + 1) + (F - freq_of(cand))
+        not_free = 0 if cand_free is None else (~cand_free).long()
+        ckey = (cand_next * 2 + not_free) * (F + 1) + (F - freq_of(cand))
         top = torch.topk(ckey, n, largest=False, sorted=True).indices
         cand, cand_next = cand.index_select(0, top), cand_next.index_select(0, top)
         filled = self.slot_pos >= 0
