@@ -276,7 +276,10 @@ class HaloBuffer:
             used = nu.used() if nu is not None else next_use < INF
             cand = torch.nonzero((self.slot_of < 0) & used).flatten()
             cand_next = next_use_of(cand)
-            cand_free = torch.isin(cand, free_pos) if has_free else torch.zeros(cand.numel(), dtype=torch.bool)
+            free = torch.zeros(H, dtype=torch.bool)  # a mask, not isin: that sorts
+            if has_free:
+                free.index_fill_(0, free_pos, True)
+            cand_free = free.index_select(0, cand)
         n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
             return _EMPTY, _EMPTY
