@@ -216,9 +216,24 @@ def part_fetch(args, old_buffer, old_step, old_features, old_metrics) -> None:
                 t[mode].append(st.t_buffer)
             assert torch.equal(got["before"], got["after"]), f"minibatch {i}: outputs differ"
             assert torch.equal(got["after"], table[mbs[i]])
+        j = args.steps  # the next minibatch: its window continues the last one
+        ops = {mode: _torch_ops(lambda: feats[mode].fetch(mbs[j], plan, remote[j + 1:j + 9], remote=remote[j]))
+               for mode in feats}
         mb, ma = statistics.median(t["before"]), statistics.median(t["after"])
+        print(f"fetch torch ops (admit {admit}): before {ops['before']}, after {ops['after']}")
         print(f"fetch t_buffer (lookahead k=8, 10%, admit {admit}): median ms before {1e3 * mb:.2f}, after "
               f"{1e3 * ma:.2f} ({ma / mb:.2f}x)")
+
+
+def _torch_ops(fn) -> int:
+    """Top-level torch ops one call makes (each one dispatch; the loader thread releases and takes
+    the GIL around each)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
 
 
 def main() -> None:
