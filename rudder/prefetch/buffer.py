@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import torch
 
+from rudder.prefetch.nextuse import RING, WindowNextUse, next_use_scratch
+
 
 class HaloBuffer:
+    incremental_next_use = True  # False: the round computes next use from scratch (tests compare)
+
     def __init__(
         self,
         halo_ids: torch.Tensor,
@@ -41,6 +45,10 @@ class HaloBuffer:
         H = self.halo.numel()
         self._build_index()
         self._pos_memo: dict = {}
+        self._next_use: WindowNextUse | None = None  # made by the first lookahead round
+        self._planned: tuple | None = None  # (ids, halo positions) of the last plan's newcomers
+        self._scratch: torch.Tensor | None = None  # gather_into's rows, reused
+        self._row_map: torch.Tensor | None = None  # rows_at's halo position -> row, reused
         if capacity < 0 or capacity > H:
             raise ValueError(f"capacity {capacity} must be in [0, {H}] (the halo size)")
         self.capacity = int(capacity)
@@ -74,14 +82,14 @@ class HaloBuffer:
             return z.bool(), z
         nb = self._bucket_off.numel() - 1
         bk = (ids >> self._shift).clamp_(0, nb - 1)
-        lo, hi = self._bucket_off[bk], self._bucket_off[bk + 1]
+        lo, hi = self._bucket_off.index_select(0, bk), self._bucket_off.index_select(0, bk + 1)
         for _ in range(self._search_steps):
             mid = (lo + hi) >> 1
-            right = (mid < hi) & (self.halo[mid.clamp(max=H - 1)] < ids)
+            right = (mid < hi) & (self.halo.index_select(0, mid.clamp(max=H - 1)) < ids)
             lo = torch.where(right, mid + 1, lo)
             hi = torch.where(right, hi, mid)
         pos = lo.clamp_(max=H - 1)
-        return self.halo[pos] == ids, pos
+        return self.halo.index_select(0, pos) == ids, pos
 
     def lookup(self, remote_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Splits remote ids into hits and misses: (hit mask, slot or -1)."""
@@ -93,13 +101,24 @@ class HaloBuffer:
         A minibatch that an earlier lookahead round saw ahead is not searched again (memo)."""
         hit = self._memo(ids)
         is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
-        slots = torch.where(is_halo, self.slot_of[pos], torch.full_like(pos, -1))
+        slots = torch.where(is_halo, self.slot_of.index_select(0, pos), -1)
         return is_halo, pos, slots
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies rows out, on the buffer's device: the caller's tensor never aliases the buffer
         (safe to replace later). `slots` may be on the CPU (the index's side)."""
         return self.feats.index_select(0, slots.to(self.feats.device))
+
+    def gather_into(self, out: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """out[rows] = the buffered rows of `slots`, through a scratch tensor kept between
+        minibatches (no fresh allocation, no page faults each minibatch). The scratch never
+        leaves this call, so reusing it is safe while earlier outputs are still being trained on;
+        the thread that runs steps is the only caller."""
+        n = slots.numel()
+        if self._scratch is None or self._scratch.shape[0] < n or self._scratch.dtype != self.feats.dtype:
+            self._scratch = self.feats.new_empty((n + n // 4, self.feats.shape[1]))
+        got = torch.index_select(self.feats, 0, slots.to(self.feats.device), out=self._scratch[:n])
+        out.index_copy_(0, rows.to(out.device), got)
 
     @property
     def device(self) -> torch.device:
@@ -112,7 +131,7 @@ class HaloBuffer:
 
     def _write(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
         """Rows into slots; rows pulled on the CPU cross to the device here (newcomers only)."""
-        self.feats[slots.to(self.feats.device)] = feats.to(self.feats.device, self.feats.dtype)
+        self.feats.index_copy_(0, slots.to(self.feats.device), feats.to(self.feats.device, self.feats.dtype))
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def record(self, hit_slots: torch.Tensor, missed_pos: torch.Tensor, count_misses: bool = True):
@@ -123,7 +142,7 @@ class HaloBuffer:
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
         self.score.mul_(self.decay)
         if hit_slots.numel():
-            self.score[hit_slots] /= self.decay
+            self.score.scatter_(0, hit_slots, self.score.index_select(0, hit_slots) / self.decay)
         if count_misses and missed_pos.numel():
             self.miss_count.index_add_(0, missed_pos, torch.ones(missed_pos.numel(), dtype=torch.float64))
 
@@ -155,11 +174,25 @@ class HaloBuffer:
         hit = self._memo(ids)
         if hit is None:
             is_halo, pos = self.halo_positions(ids)
-            hit = (ids, is_halo, pos, pos[is_halo])
+            hit = (ids, is_halo, pos, pos.masked_select(is_halo))
             self._pos_memo[self._memo_key(ids)] = hit
             while len(self._pos_memo) > 16:
                 self._pos_memo.pop(next(iter(self._pos_memo)))
         return hit[3]
+
+    def window_missing(self, future: list[torch.Tensor]) -> int:
+        """Distinct halo nodes of the `future` minibatches not buffered. Read off the round's
+        next-use index when the last round's window is `future` (O(H) elementwise, no sort);
+        else a unique over the window."""
+        nu = self._next_use
+        if future and nu is not None and nu.holds(future):
+            return int((nu.used() & (self.slot_of < 0)).sum())
+        if not future:
+            return 0
+        ids = torch.unique(torch.cat(future))
+        is_halo, _ = self.halo_positions(ids)
+        hit, _ = self.lookup(ids[is_halo])
+        return int((~hit).sum())
 
     def stale_count(self) -> int:
         return int(((self.slot_pos >= 0) & (self.score < self.threshold)).sum())
@@ -175,7 +208,26 @@ class HaloBuffer:
             return _EMPTY, _EMPTY
         # most missed first; ties to the lower node id (stable sort: deterministic everywhere)
         top = torch.sort(-self.miss_count[cand], stable=True).indices[:n]
-        return victims[:n], self.halo[cand[top]]
+        return victims[:n], self._newcomers(cand[top])
+
+    def _newcomers(self, pos: torch.Tensor) -> torch.Tensor:
+        """A plan's newcomer ids; `apply` takes their positions from here instead of searching."""
+        ids = self.halo.index_select(0, pos)
+        self._planned = (ids, pos)
+        return ids
+
+    def planned_positions(self, new_ids: torch.Tensor) -> torch.Tensor | None:
+        """Halo positions of `new_ids` if it is the very tensor this buffer's last plan made."""
+        planned = self._planned
+        return planned[1] if planned is not None and planned[0] is new_ids else None
+
+    def rows_at(self, pos: torch.Tensor, rows: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """rows[i] where pos[i] == q, for each q of `query` (every q among `pos`, `pos` unique):
+        through a map over the halo kept between calls, not a sort."""
+        if self._row_map is None:
+            self._row_map = torch.empty(self.halo.numel(), dtype=torch.int64)
+        self._row_map.scatter_(0, pos, rows)
+        return self._row_map.index_select(0, query)
 
     def plan_lookahead(
         self,
@@ -201,33 +253,51 @@ class HaloBuffer:
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
         INF = len(future) + 1
-        next_use = torch.full((H,), INF, dtype=torch.int64)
-        freq = torch.zeros(H, dtype=torch.int64)
-        for d, ids in enumerate(future, start=1):  # per minibatch, not per node
-            pos = self._future_positions(ids)
-            next_use.scatter_reduce_(0, pos, torch.full_like(pos, d), reduce="amin")
-            freq.index_add_(0, pos, torch.ones_like(pos))
-        free = torch.zeros(H, dtype=torch.bool)
-        if free_pos is not None and free_pos.numel():
-            free[free_pos] = True
-        want = (self.slot_of < 0) & (next_use < INF)
-        cand = torch.nonzero(want & free if admit == "misses" else want).flatten()
+        if self.incremental_next_use and len(future) <= RING:  # kept up to date as the window slides (rudder.prefetch.nextuse)
+            if self._next_use is None:
+                self._next_use = WindowNextUse(H)
+            nu = self._next_use
+            nu.sync(future, self._future_positions)
+            next_use_of, freq_of = nu.next_use, nu.frequency
+        else:
+            nu = None
+            next_use, freq = next_use_scratch([self._future_positions(f) for f in future], H)
+            next_use_of, freq_of = (lambda p: next_use.index_select(0, p)), (lambda p: freq.index_select(0, p))
+        has_free = free_pos is not None and free_pos.numel() > 0
+        if admit == "misses":  # candidates: the free nodes (sorted, as a scan of the halo gives them)
+            if not has_free:
+                return _EMPTY, _EMPTY
+            cand = torch.unique(free_pos)
+            cand_next = next_use_of(cand)
+            keep = (self.slot_of.index_select(0, cand) < 0) & (cand_next < INF)
+            cand, cand_next = cand.masked_select(keep), cand_next.masked_select(keep)
+            cand_free = None  # all free
+        else:
+            used = nu.used() if nu is not None else next_use < INF
+            cand = torch.nonzero((self.slot_of < 0) & used).flatten()
+            cand_next = next_use_of(cand)
+            free = torch.zeros(H, dtype=torch.bool)  # a mask, not isin: that sorts
+            if has_free:
+                free.index_fill_(0, free_pos, True)
+            cand_free = free.index_select(0, cand)
         n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
             return _EMPTY, _EMPTY
         # one integer key: next use ascending, then free first, then frequency descending
         F = len(future) + 1
-        ckey = (next_use[cand] * 2 + (~free[cand]).long()) * (F + 1) + (F - freq[cand])
-        cand = cand[torch.topk(ckey, n, largest=False, sorted=True).indices]
+        not_free = 0 if cand_free is None else (~cand_free).long()
+        ckey = (cand_next * 2 + not_free) * (F + 1) + (F - freq_of(cand))
+        top = torch.topk(ckey, n, largest=False, sorted=True).indices
+        cand, cand_next = cand.index_select(0, top), cand_next.index_select(0, top)
         filled = self.slot_pos >= 0
-        vnext = torch.full((self.capacity,), INF + 1, dtype=torch.int64)  # empty slots first
-        vnext[filled] = next_use[self.slot_pos[filled]]
-        # victims: latest next use first; ties (e.g. unused in the window) by lowest score
+        # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
+        # lowest score
+        vnext = torch.where(filled, next_use_of(self.slot_pos.clamp(min=0)), INF + 1)
         vkey = vnext.double() * 1e12 - self.score
         victims = torch.topk(vkey, n, largest=True, sorted=True).indices
-        ok = next_use[cand] < vnext[victims]
+        ok = cand_next < vnext.index_select(0, victims)
         k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
-        return victims[:k], self.halo[cand[:k]]
+        return victims[:k], self._newcomers(cand[:k])
 
     # ---- mutation -------------------------------------------------------------------------
     def fill(self, ids: torch.Tensor, feats: torch.Tensor | None = None) -> None:
@@ -251,14 +321,19 @@ class HaloBuffer:
         newcomer's miss count."""
         if slots.numel() == 0:
             return
-        _, new_pos = self.halo_positions(new_ids)
-        old_pos = self.slot_pos[slots]
+        new_pos = self.planned_positions(new_ids)
+        self._planned = None
+        if new_pos is None:
+            _, new_pos = self.halo_positions(new_ids)
+        # (slots, old and new positions are each duplicate-free: scatter_ is index_put here)
+        old_pos = self.slot_pos.index_select(0, slots)
         had = old_pos >= 0
-        self.miss_count[old_pos[had]] = self.score[slots[had]]
-        self.slot_of[old_pos[had]] = -1
-        self.score[slots] = self.miss_count[new_pos]
-        self.slot_pos[slots] = new_pos
-        self.slot_of[new_pos] = slots
+        old, evicted = old_pos.masked_select(had), slots.masked_select(had)
+        self.miss_count.scatter_(0, old, self.score.index_select(0, evicted))
+        self.slot_of.index_fill_(0, old, -1)
+        self.score.scatter_(0, slots, self.miss_count.index_select(0, new_pos))
+        self.slot_pos.scatter_(0, slots, new_pos)
+        self.slot_of.scatter_(0, new_pos, slots)
         if self.store_features and feats is not None:
             self._write(slots, feats)
 

@@ -91,7 +91,7 @@ class BufferedFeatures:
 
         t0 = time.perf_counter()
         step = begin_step(self.buffer, input_nodes[remote_idx] if remote is None else remote, plan, future)
-        hit_idx = remote_idx[step.hit_mask]
+        hit_idx = remote_idx.masked_select(step.hit_mask)  # 1-D x[mask], a few times faster
         n = input_nodes.numel()
         if self.compact:
             keep = torch.ones(n, dtype=torch.bool)
@@ -99,9 +99,7 @@ class BufferedFeatures:
             kept_idx = torch.nonzero(keep).flatten()  # output rows that come from the pull
             pull_ids = torch.cat([input_nodes[kept_idx], step.extra_ids])
         else:
-            pull_ids = input_nodes.clone()
-            pull_ids[hit_idx] = self.local_id
-            pull_ids = torch.cat([pull_ids, step.extra_ids])
+            pull_ids = torch.cat([input_nodes, step.extra_ids]).index_fill_(0, hit_idx, self.local_id)
         t_book = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -115,16 +113,16 @@ class BufferedFeatures:
             out = rows.new_empty((n, rows.shape[1]))
             m = kept_idx.numel()
             out.index_copy_(0, kept_idx.to(self.device), rows[:m])
-            out.index_copy_(0, hit_idx.to(self.device), self.buffer.gather(step.hit_slots))
+            self.buffer.gather_into(out, hit_idx, step.hit_slots)
             # position of each miss inside `rows` (misses, then extras: for the newcomers)
             pos_in_rows = torch.cumsum(keep, 0) - 1
-            where = torch.cat([pos_in_rows[remote_idx[~step.hit_mask]],
+            where = torch.cat([pos_in_rows[remote_idx.masked_select(~step.hit_mask)],
                                torch.arange(m, m + step.extra_ids.numel())]).to(self.device)
         else:
             out = rows[:n]
-            out.index_copy_(0, hit_idx, self.buffer.gather(step.hit_slots))
+            self.buffer.gather_into(out, hit_idx, step.hit_slots)
             # rows of step.pull_ids (misses, then extras) inside `rows`, for the newcomers
-            where = torch.cat([remote_idx[~step.hit_mask], torch.arange(n, n + step.extra_ids.numel())])
+            where = torch.cat([remote_idx.masked_select(~step.hit_mask), torch.arange(n, n + step.extra_ids.numel())])
         t_apply = time.perf_counter() - t2 + finish_step(self.buffer, step, rows, where)
 
         st.hits, st.misses = step.hits, step.misses

@@ -60,11 +60,6 @@ def buffer_state(buf, future: list[torch.Tensor]) -> dict:
     the minibatch pulls anyway and adds none)."""
     if buf is None:
         return {}
-    missing = 0
-    if future:
-        ids = torch.unique(torch.cat(future))
-        is_halo, _ = buf.halo_positions(ids)
-        hit, _ = buf.lookup(ids[is_halo])
-        missing = int((~hit).sum())
+    missing = buf.window_missing(future)
     return {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
             "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}

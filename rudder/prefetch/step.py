@@ -30,6 +30,8 @@ class StepPlan:
     newcomers: torch.Tensor  # halo ids to put there
     extra_ids: torch.Tensor  # newcomers not among the misses: pulled only for the buffer
     t_buffer: float  # seconds spent in lookup + bookkeeping + planning
+    missed_pos: torch.Tensor | None = None  # halo positions of the misses that are halo nodes
+    is_halo: torch.Tensor | None = None  # over remote ids: which are halo nodes
 
     @property
     def pull_ids(self) -> torch.Tensor:
@@ -50,9 +52,10 @@ def begin_step(
     t0 = time.perf_counter()
     is_halo, pos, slots = buffer.locate(remote_ids)  # remote ids are unique in a minibatch
     hit_mask = slots >= 0
-    hit_slots = slots[hit_mask]
-    miss_ids = remote_ids[~hit_mask]
-    missed_pos = pos[is_halo & ~hit_mask]
+    miss_mask = ~hit_mask
+    hit_slots = slots.masked_select(hit_mask)  # masked_select: 1-D x[mask], a few times faster
+    miss_ids = remote_ids.masked_select(miss_mask)
+    missed_pos = pos.masked_select(is_halo & miss_mask)
     buffer.record(hit_slots, missed_pos, count_misses=plan is None)
     victims = newcomers = extra = torch.empty(0, dtype=torch.int64)
     if plan is not None:
@@ -66,7 +69,8 @@ def begin_step(
             extra = newcomers[:0]  # every newcomer is a miss of this minibatch
         else:
             extra = newcomers[~torch.isin(newcomers, miss_ids)]
-    return StepPlan(hit_mask, hit_slots, miss_ids, victims, newcomers, extra, time.perf_counter() - t0)
+    return StepPlan(hit_mask, hit_slots, miss_ids, victims, newcomers, extra, time.perf_counter() - t0,
+                    missed_pos, is_halo)
 
 
 def finish_step(
@@ -78,10 +82,19 @@ def finish_step(
     if step.newcomers.numel():
         feats = None
         if pulled is not None and buffer.store_features:
-            pull_ids = step.pull_ids
-            # index of each newcomer in pull_ids (pull ids are unique)
-            order = torch.argsort(pull_ids)
-            where = order[torch.searchsorted(pull_ids[order], step.newcomers)]
+            where = _rows_in_pull(buffer, step)
             feats = pulled.index_select(0, where if rows_of is None else rows_of[where])
         buffer.apply(step.victims, step.newcomers, feats)
     return time.perf_counter() - t0
+
+
+def _rows_in_pull(buffer: HaloBuffer, step: StepPlan) -> torch.Tensor:
+    """Index of each newcomer in step.pull_ids (pull ids are unique)."""
+    new_pos = buffer.planned_positions(step.newcomers)
+    if new_pos is not None and step.extra_ids.numel() == 0 and step.missed_pos is not None:
+        # every newcomer is a miss (demand admission): from its halo position, no sort
+        rows = torch.nonzero(step.is_halo.masked_select(~step.hit_mask)).flatten()  # missed_pos's rows in miss_ids
+        return buffer.rows_at(step.missed_pos, rows, new_pos)
+    pull_ids = step.pull_ids
+    order = torch.argsort(pull_ids)
+    return order[torch.searchsorted(pull_ids[order], step.newcomers)]

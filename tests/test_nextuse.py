@@ -1,0 +1,129 @@
+"""The lookahead round's incremental next use (issue 17) against the computation from scratch,
+and the buffer's reused scratch tensors."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rudder.prefetch.buffer import HaloBuffer
+from rudder.prefetch.nextuse import RING, WindowNextUse, next_use_scratch
+from rudder.prefetch.policy import Replace
+from rudder.prefetch.step import begin_step, finish_step
+
+
+def _minibatch(rng: random.Random, H: int, size: int) -> torch.Tensor:
+    return torch.tensor(sorted(rng.sample(range(H), size)), dtype=torch.int64)
+
+
+def _windows(rng: random.Random, H: int, n: int, max_depth: int):
+    """Windows as training and replay make them, and as they should not: a slide by one (the
+    usual), rounds skipped (slides by several), an epoch's end (the window shrinks), a new epoch
+    (none kept), a depth change, a copy of a minibatch (other storage: not the same one)."""
+    stream = [_minibatch(rng, H, rng.randint(0, H // 2)) for _ in range(n + max_depth)]
+    g, depth = 0, max_depth
+    while g < n:
+        event = rng.random()
+        if event < 0.1:
+            depth = rng.randint(1, max_depth)
+        if event < 0.05:
+            yield [t.clone() for t in stream[g + 1:g + 1 + depth]]
+        elif event < 0.15:
+            yield stream[g + 1:g + 1 + rng.randint(0, depth)]  # end of an epoch
+        else:
+            yield stream[g + 1:g + 1 + depth]
+        g += 1 if rng.random() < 0.8 else rng.randint(2, 12)
+
+
+@pytest.mark.parametrize("seed,H,max_depth", [(0, 50, 8), (1, 200, 3), (2, 30, RING), (3, 5, 1)])
+def test_incremental_next_use_equals_the_scratch_computation(seed, H, max_depth):
+    rng = random.Random(seed)
+    nu = WindowNextUse(H)
+    every = torch.arange(H)
+    for future in _windows(rng, H, 300, max_depth):
+        nu.sync(future, lambda ids: ids)  # ids are positions here
+        want_next, want_freq = next_use_scratch(list(future), H)
+        assert torch.equal(nu.next_use(every), want_next)
+        assert torch.equal(nu.frequency(every), want_freq)
+        assert torch.equal(nu.used(), want_next <= len(future))
+    assert nu.count > RING  # the minibatch numbers went round the ring
+
+
+def test_a_window_longer_than_the_ring_is_refused():
+    with pytest.raises(ValueError, match="63 minibatches"):
+        WindowNextUse(4).sync([torch.tensor([0])] * (RING + 1), lambda ids: ids)
+
+
+def _plans(incremental: bool, seed: int, admit: str, budget):
+    """Every step's (hits, victims, newcomers) and the final rows, stepping a buffer with rows."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    halo = torch.tensor(sorted(rng.sample(range(1000), 120)))
+    table = torch.randn(1000, 3)
+    buf = HaloBuffer(halo, 30, 3)
+    buf.incremental_next_use = incremental
+    buf.fill(halo[:20], table[halo[:20]])
+    # minibatches of halo and non-halo ids; each step's window is a view of one stream
+    stream = [torch.tensor(rng.sample(range(1000), rng.randint(5, 80))) for _ in range(130)]
+    out = []
+    for g in range(120):
+        depth = 0 if g % 40 == 39 else rng.choice([8, 8, 8, 3])  # an epoch end now and then
+        future = stream[g + 1:g + 1 + depth]
+        plan = Replace("lookahead", budget, admit=admit) if rng.random() < 0.8 else None
+        step = begin_step(buf, stream[g], plan, future)
+        pulled = table[step.pull_ids]
+        finish_step(buf, step, pulled)
+        buf.verify()
+        out.append((step.hit_slots.tolist(), step.victims.tolist(), step.newcomers.tolist()))
+    filled = buf.slot_pos >= 0
+    assert torch.equal(buf.feats[filled], table[buf.halo[buf.slot_pos[filled]]])  # rows follow nodes
+    return out
+
+
+@pytest.mark.parametrize("admit,budget", [("misses", 3), ("misses", None), ("any", 4)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_incremental_rounds_plan_as_the_scratch_rounds(seed, admit, budget):
+    """The same victims and newcomers at every step as the round that recomputes next use over
+    the whole halo, and each buffered row is its node's (newcomers' rows found without a sort)."""
+    plans = _plans(True, seed, admit, budget)
+    assert plans == _plans(False, seed, admit, budget)
+    assert sum(len(p[2]) for p in plans) > 20  # the rounds did replace
+
+
+def test_gather_into_reuses_its_scratch_without_aliasing():
+    buf = HaloBuffer(torch.arange(10), 4, 2)
+    buf.fill(torch.tensor([0, 1, 2, 3]), torch.arange(8.0).reshape(4, 2))
+    first = torch.zeros(3, 2)
+    buf.gather_into(first, torch.tensor([2, 0]), torch.tensor([1, 3]))
+    scratch = buf._scratch
+    second = torch.zeros(2, 2)
+    buf.gather_into(second, torch.tensor([1]), torch.tensor([0]))
+    assert buf._scratch is scratch  # reused, not allocated again
+    assert first.tolist() == [[6, 7], [0, 0], [2, 3]]  # untouched by the second call
+    assert second.tolist() == [[0, 0], [0, 1]]
+
+
+def test_window_missing_read_off_the_round_equals_a_unique_over_the_window():
+    """buffer_state's `lookahead_missing`: from the round's index when it holds that window,
+    else by a unique; both give the distinct halo nodes of the window not buffered."""
+    rng = random.Random(5)
+    halo = torch.tensor(sorted(rng.sample(range(500), 100)))
+    buf = HaloBuffer(halo, 25, 0, store_features=False)
+    buf.fill(halo[:10])
+    stream = [torch.tensor(rng.sample(range(500), rng.randint(1, 60))) for _ in range(70)]
+
+    def by_unique(future):
+        ids = torch.unique(torch.cat(future))
+        return int(((buf.slot_of[buf.halo_positions(ids)[1]] < 0) & buf.halo_positions(ids)[0]).sum())
+
+    read_off = 0
+    for g in range(60):
+        future = stream[g + 1:g + 1 + rng.choice([8, 3, 0])]
+        step = begin_step(buf, stream[g], Replace("lookahead", 4) if g % 3 else None, future)
+        finish_step(buf, step)
+        read_off += buf._next_use is not None and bool(future) and buf._next_use.holds(future)
+        assert buf.window_missing(future) == (by_unique(future) if future else 0)
+        other = stream[g + 2:g + 5]  # a window the round did not see: the unique path
+        assert buf.window_missing(other) == by_unique(other)
+    assert read_off > 20
