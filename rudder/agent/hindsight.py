@@ -172,7 +172,7 @@ class RecordedActions(Policy):
             self.in_fallback = bool(d.get("fallback")) and self.fallback is not None
             replace = d.get("replace") and not d.get("fallback")
             plan = self.regime.apply(Replace(self.mech, _rows(d.get("budget") or self.budget, self.capacity),
-                                             "replay", self.admit) if replace else None)
+                                             "replay", d.get("admit") or self.admit) if replace else None)
         else:
             plan = self.regime.standing
         if self.in_fallback:

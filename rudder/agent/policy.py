@@ -201,7 +201,7 @@ class AgentPolicy(Policy):
         d.applied_step = step.global_step
         if judged.get("last_step") is not None:
             d.staleness = step.global_step - int(judged["last_step"])
-        entry = HistoryEntry(decision=d.decision, window=d.window, replace=d.replace, budget=d.budget,
+        entry = HistoryEntry(decision=d.decision, window=d.window, replace=d.replace, budget=d.budget, admit=d.admit,
                              rows=budget_rows(d.budget, self.ctx.capacity) if d.budget else None,
                              expected_hit_rate=d.expected_hit_rate, expected_remote_rows=d.expected_remote_rows,
                              fallback=d.fallback, staleness=d.staleness, judged=judged)
@@ -220,9 +220,9 @@ class AgentPolicy(Policy):
         self._pending.append((d, judged, entry))
         if not d.replace:
             return None
-        # the lookahead policy's admission, for a like-for-like regime
+        # the answer's admission (judge prompt), else the lookahead policy's, for a like-for-like regime
         return self._regime.apply(Replace(self.mechanism, budget_rows(d.budget, self.ctx.capacity),
-                                          f"agent#{d.decision}", self.cfg.admit))
+                                          f"agent#{d.decision}", d.admission(self.cfg.admit)))
 
     def wait_ready(self, timeout_s: float) -> float:
         t0 = time.monotonic()
