@@ -71,6 +71,10 @@ def main() -> None:
     p.add_argument("--t0-s", type=float, default=0.0, help="the schedule's clock at the first minibatch")
     p.add_argument("--horizon", type=int, default=2)
     p.add_argument("--json", type=Path)
+    p.add_argument("--agent", metavar="MODEL", help="also replay the agent (this model, --prompt, "
+                   "1 llama.cpp thread; answers applied at the next minibatch) under the time model")
+    p.add_argument("--prompt", default="judge")
+    p.add_argument("--skip-labels", action="store_true", help="only the whole-run rows")
     a = p.parse_args()
     from rudder.prefetch.policies import make_policy
     from rudder.sim.replay import PositionTrace, replay
@@ -103,8 +107,8 @@ def main() -> None:
                         "slack_s": round(slack, 3), "label": time_label(br),
                         "rule": "any" if slack > 0 else "replace", **{b: br[b] for b in br}})
 
-    replay(pt, rp, after_step=fork)
-    n = len(windows)
+    replay(pt, rp, after_step=None if a.skip_labels else fork)
+    n = max(1, len(windows))
     labels = Counter(w["label"] for w in windows)
     rule_right = sum(w["label"] == w["rule"] for w in windows if w["label"])
     decided = sum(1 for w in windows if w["label"])
@@ -123,6 +127,23 @@ def main() -> None:
                                      "rows": int(n_rule["fetched_rows"].sum()),
                                      "hit_rate": round(int(n_rule["hits"].sum()) / max(1, int(n_rule["remote_rows"].sum())), 4)}
 
+    decisions = []
+    if a.agent:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from bench_agent_sim import load_agent
+
+        extra = load_agent(a.agent, prompt=a.prompt, timeout_s=240.0)
+        try:
+            src = {"config": cfg.model_dump(mode="json")}
+            res = simulate(trace, "agent", source=src, extra=extra, agent_wait_s=245.0, time_model=model)
+        finally:
+            extra["decision_maker"].shutdown()
+        s = res.summary()
+        decisions = [{k: d.get(k) for k in ("window", "applied_step", "replace", "budget", "admit", "reason",
+                                            "latency_s", "fallback")} for d in res.decisions]
+        runs[f"agent {a.agent} ({a.prompt})"] = {"time_s": round(s["time_s"], 2), "rows": s["fetched_rows"],
+                                                 "hit_rate": round(s["hit_rate"], 4)}
+
     print(f"trace {a.trace} ({S} minibatches, capacity {trace.capacity}, {trace.feat_bytes} B/row); "
           f"window {W}, horizon {H}, budget {pc.budget} ({rows} rows), depth {pc.lookahead}; "
           f"compute {a.compute_s} s, latency {a.latency_s} s; schedule {cfg.cluster.bandwidth_schedule}")
@@ -136,9 +157,13 @@ def main() -> None:
     print("| run | time (model) | rows | hit rate |")
     for k, v in runs.items():
         print(f"| {k} | {v['time_s']} s | {v['rows']:,} | {v['hit_rate']:.3f} |")
+    for d in decisions:
+        print(f"  agent w{d['window']} @{d['applied_step']}: "
+              f"{'replace ' + str(d['budget']) + ' admit ' + str(d['admit']) if d['replace'] else 'keep'} "
+              f"({d['reason']}; {d['latency_s'] or 0:.1f} s){' fallback' if d['fallback'] else ''}")
     print(f"({time.time() - t_start:.0f} s)")
     if a.json:
-        a.json.write_text(json.dumps({"windows": windows, "runs": runs, "labels": {str(k): v for k, v in labels.items()},
+        a.json.write_text(json.dumps({"windows": windows, "runs": runs, "agent_decisions": decisions, "labels": {str(k): v for k, v in labels.items()},
                                       "args": {k: str(v) for k, v in vars(a).items()}}, indent=1))
 
 
