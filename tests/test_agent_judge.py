@@ -15,7 +15,7 @@ from rudder.agent.messages import Answer, Decision, HistoryEntry, answer_schema
 from rudder.agent.policy import AgentPolicy
 from rudder.config import AgentConfig, PrefetchConfig
 
-from test_agent_policy import ScriptedBackend, ctx, drive, win  # noqa: E402 (tests/ is on sys.path)
+from test_agent_policy import ScriptedBackend, ctx, drive, step, win  # noqa: E402 (tests/ is on sys.path)
 
 
 def judge_answer(replace=True, budget="medium", admit="any"):
@@ -105,7 +105,10 @@ def test_qwen_answers_the_judge_prompt_with_an_admission():
         pol = AgentPolicy(PrefetchConfig(policy="agent", window=5, admit="misses"),
                           agent=AgentConfig(prompt="judge", timeout_s=600), decision_maker=maker)
         pol.setup(ctx(lookahead=3))
-        plans = drive(pol, [win(0, 0.3, 700, t_fetch=0.1, t_minibatch=0.9, lookahead_missing=400)])
+        w = win(0, 0.3, 700, t_fetch=0.1, t_minibatch=0.9, lookahead_missing=400)
+        pol.observe({"global_step": w["last_step"]}, w)
+        assert pol.wait_for_decision(600.0)  # prefill of the whole prompt on a busy CPU
+        plans = {g: pol.plan(step(g)) for g in range(5, 10)}
         pol.close()
     finally:
         backend.close()
