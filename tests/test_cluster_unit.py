@@ -289,7 +289,7 @@ def test_bandwidth_schedule_changes_the_link_at_its_times_and_is_cleaned_up(tmp_
 
     spec = ClusterSpec(machines=1, netns=True, start_timeout_s=10, run_timeout_s=30, kill_grace_s=1,
                        rendezvous=False, bandwidth="100mbit",
-                       bandwidth_schedule=[[0.6, "20mbit"], [1.4, "5mbit"], [120, "1mbit"]])
+                       bandwidth_schedule=[[0.6, "20mbit"], [2.0, "5mbit"], [120, "1mbit"]])
     seen: list[tuple[float, str | None, str | None]] = []
     with LocalCluster(spec, tmp_path / "run") as cluster:
         net = cluster.net
@@ -303,8 +303,8 @@ def test_bandwidth_schedule_changes_the_link_at_its_times_and_is_cleaned_up(tmp_
         poller = threading.Thread(target=poll)
         poller.start()
         try:
-            res = cluster.run(fake["part"], ["sh", "-c", "sleep 2.5"], server_argv=fake["server_argv"],
-                              env={"FAKE_SERVER_LIFE": "2.5"})
+            res = cluster.run(fake["part"], ["sh", "-c", "sleep 3.5"], server_argv=fake["server_argv"],
+                              env={"FAKE_SERVER_LIFE": "3.5"})
         finally:
             done.set()
             poller.join()
@@ -313,7 +313,7 @@ def test_bandwidth_schedule_changes_the_link_at_its_times_and_is_cleaned_up(tmp_
         after = (nets.link_rate(net, 0), nets.link_rate(net, 0, inside=True))
     assert after == ("100Mbit", "100Mbit")
     changes = res.link_changes
-    assert [(c["t_s"], c["rate"], c["error"]) for c in changes] == [(0.6, "20mbit", None), (1.4, "5mbit", None)]
+    assert [(c["t_s"], c["rate"], c["error"]) for c in changes] == [(0.6, "20mbit", None), (2.0, "5mbit", None)]
     assert all(c["applied_s"] >= c["t_s"] for c in changes)
     logged = [json.loads(x) for x in (tmp_path / "run" / "cluster" / "link_changes.jsonl").read_text().splitlines()]
     assert logged == changes
@@ -321,8 +321,8 @@ def test_bandwidth_schedule_changes_the_link_at_its_times_and_is_cleaned_up(tmp_
     for side in (1, 2):
         rates = [s[side] for s in seen]
         order = [r for k, r in enumerate(rates) if k == 0 or r != rates[k - 1]]
-        assert order == ["100Mbit", "20Mbit", "5Mbit", "100Mbit"], order  # restored at the end
-        for rate, t_s in (("20Mbit", 0.6), ("5Mbit", 1.4)):  # never before its time
+        assert order[:3] == ["100Mbit", "20Mbit", "5Mbit"], order  # (then back at 100Mbit: `after`)
+        for rate, t_s in (("20Mbit", 0.6), ("5Mbit", 2.0)):  # never before its time
             first = next(s[0] for s in seen if s[side] == rate)
             assert first >= launched + t_s
     assert not leftovers(net.tag, tmp_path / "run")
