@@ -148,6 +148,10 @@ class ClusterConfig(Strict):
     machines: int = Field(2, gt=0)
     trainers_per_machine: int = Field(1, gt=0)
     bandwidth: str | None = None  # tbf rate per machine link, e.g. "1gbit"; None = unshaped
+    # [[t_s, rate], ...]: every machine link changes to `rate` t_s seconds after the run's
+    # machines are launched (tc; recorded in run.json's link_changes); before the first entry
+    # the link runs at `bandwidth`. The replay's time model reads the same schedule.
+    bandwidth_schedule: list[tuple[float, str]] | None = None
     netns: bool | None = None  # None = use network namespaces when root, else one machine
     start_timeout_s: float = Field(120, gt=0)
     run_timeout_s: float = Field(1800, gt=0)  # the whole run is torn down past this
@@ -157,6 +161,23 @@ class ClusterConfig(Strict):
     # a number fixes the bound between records (start-up keeps max(it, 180 s)); 0 = off (then only
     # run_timeout_s ends a hung run).
     progress_timeout_s: float | None = Field(None, ge=0)
+
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _rate(cls, v):
+        from rudder.bandwidth import parse_rate  # the tc syntax, in one place
+
+        if v is not None:
+            parse_rate(v)
+        return v
+
+    @field_validator("bandwidth_schedule", mode="before")
+    @classmethod
+    def _schedule(cls, v):
+        from rudder.bandwidth import check_schedule
+
+        return None if v is None else [list(e) for e in check_schedule(v)]
 
 
 class RunConfig(Strict):

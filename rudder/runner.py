@@ -123,7 +123,8 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
         update_run_json(run_dir, agent_node_service={k: node_service.get(k) for k in
                                                      ("pid", "port", "reused", "started_at")})
     spec = ClusterSpec(machines=c.machines, trainers_per_machine=c.trainers_per_machine,
-                       bandwidth=c.bandwidth, netns=c.netns, start_timeout_s=c.start_timeout_s,
+                       bandwidth=c.bandwidth, bandwidth_schedule=c.bandwidth_schedule,
+                       netns=c.netns, start_timeout_s=c.start_timeout_s,
                        run_timeout_s=c.run_timeout_s,
                        wait_services=service is not None)  # trainers start once the agent answers
     trainer = [sys.executable, "-m", "rudder.train", "--run-dir", str(run_dir.resolve())]
@@ -149,6 +150,8 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
             res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service,
                               env=env)
         ok, reason = res.ok, res.reason
+        if res.link_changes:  # when the links' rate changed (cluster.bandwidth_schedule)
+            update_run_json(run_dir, link_changes=res.link_changes, startup_s=res.startup_s)
     except ConfigError as exc:
         update_run_json(run_dir, status="failed", reason=f"input: {exc}", ended_at=time.time())
         raise

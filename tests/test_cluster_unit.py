@@ -242,3 +242,87 @@ def test_cleanup_stale_removes_a_dead_owners_network(tmp_path):
         sleeper.kill()
     assert not leftovers(tag, tmp_path)
     assert not (nets.state_dir() / f"{tag}.json").exists()
+
+
+# -- bandwidth schedule (cluster.bandwidth_schedule) ---------------------------------------------
+
+
+def test_rates_and_schedules_are_checked_naming_the_bad_value():
+    from rudder.bandwidth import check_schedule, parse_rate, rate_at
+
+    assert parse_rate("25mbit") == 25e6 and parse_rate("100Mbit") == 100e6  # as tc prints it
+    assert parse_rate("10mbps") == 80e6 and parse_rate("1.5gbit") == 1.5e9
+    for bad in ("fast", "10 m", "0mbit", "10kb", None):
+        with pytest.raises(ValueError, match=f"bad link rate {bad!r}"):
+            parse_rate(bad)
+    sched = check_schedule([[0, "100mbit"], [30, "5mbit"], [60.5, "1gbit"]])
+    assert sched == [(0.0, "100mbit"), (30.0, "5mbit"), (60.5, "1gbit")]
+    assert [rate_at(sched, None, t) for t in (0, 29.9, 30, 61)] == [100e6, 100e6, 5e6, 1e9]
+    assert rate_at([(10.0, "5mbit")], None, 9) is None and rate_at([(10.0, "5mbit")], "1gbit", 9) == 1e9
+    for bad, says in [([[0, "1gbit"], [0, "5mbit"]], "entry 1 .*times must increase"),
+                      ([[5, "1gbit"], [3, "5mbit"]], "entry 1 .*times must increase"),
+                      ([[0, "fast"]], "entry 0 .*bad link rate 'fast'"),
+                      ([[-1, "1gbit"]], "entry 0 .*time -1 must be a number >= 0"),
+                      ([[1]], "entry 0 .*expected \\[t_s, rate\\]"), ([], "non-empty list")]:
+        with pytest.raises(ValueError, match=says):
+            check_schedule(bad)
+    with pytest.raises(ValueError, match="times must increase"):
+        ClusterSpec(machines=1, bandwidth_schedule=[[2, "1gbit"], [1, "5mbit"]])
+    from rudder.config import ConfigError, RunConfig, parse_config
+
+    with pytest.raises(ConfigError, match="cluster.bandwidth_schedule: .*entry 1 .*'slow'"):
+        parse_config(RunConfig, {"cluster": {"bandwidth_schedule": [[0, "1gbit"], [9, "slow"]]}})
+    with pytest.raises(ConfigError, match="cluster.bandwidth: .*bad link rate '1 gigabit'"):
+        parse_config(RunConfig, {"cluster": {"bandwidth": "1 gigabit"}})
+    with pytest.raises(ClusterError, match="needs network namespaces"):
+        LocalCluster(ClusterSpec(machines=1, netns=False, bandwidth_schedule=[[1, "5mbit"]]),
+                     "unused").start()
+
+
+@needs_root
+@pytest.mark.netns
+def test_bandwidth_schedule_changes_the_link_at_its_times_and_is_cleaned_up(tmp_path, fake):
+    """The qdisc on both sides of the machine's link reads the scheduled rates in order, none
+    before its time after launch; an entry past the run's end is never applied; afterwards the
+    link is back at `bandwidth` and, once closed, nothing of the cluster is left."""
+    import threading
+
+    spec = ClusterSpec(machines=1, netns=True, start_timeout_s=10, run_timeout_s=30, kill_grace_s=1,
+                       rendezvous=False, bandwidth="100mbit",
+                       bandwidth_schedule=[[0.6, "20mbit"], [2.0, "5mbit"], [120, "1mbit"]])
+    seen: list[tuple[float, str | None, str | None]] = []
+    with LocalCluster(spec, tmp_path / "run") as cluster:
+        net = cluster.net
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.is_set():
+                seen.append((time.time(), nets.link_rate(net, 0), nets.link_rate(net, 0, inside=True)))
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            res = cluster.run(fake["part"], ["sh", "-c", "sleep 3.5"], server_argv=fake["server_argv"],
+                              env={"FAKE_SERVER_LIFE": "3.5"})
+        finally:
+            done.set()
+            poller.join()
+        assert res.ok, res.summary()
+        assert cluster.link_scheduler is None  # stopped with its run
+        after = (nets.link_rate(net, 0), nets.link_rate(net, 0, inside=True))
+    assert after == ("100Mbit", "100Mbit")
+    changes = res.link_changes
+    assert [(c["t_s"], c["rate"], c["error"]) for c in changes] == [(0.6, "20mbit", None), (2.0, "5mbit", None)]
+    assert all(c["applied_s"] >= c["t_s"] for c in changes)
+    logged = [json.loads(x) for x in (tmp_path / "run" / "cluster" / "link_changes.jsonl").read_text().splitlines()]
+    assert logged == changes
+    launched = changes[0]["at"] - changes[0]["applied_s"]
+    for side in (1, 2):
+        rates = [s[side] for s in seen]
+        order = [r for k, r in enumerate(rates) if k == 0 or r != rates[k - 1]]
+        assert order[:3] == ["100Mbit", "20Mbit", "5Mbit"], order  # (then back at 100Mbit: `after`)
+        for rate, t_s in (("20Mbit", 0.6), ("5Mbit", 2.0)):  # never before its time
+            first = next(s[0] for s in seen if s[side] == rate)
+            assert first >= launched + t_s
+    assert not leftovers(net.tag, tmp_path / "run")

@@ -103,21 +103,32 @@ def test_replays_are_unchanged(policy):
     assert sum(e["fetched_rows"] for e in r.epoch_records()) == s["fetched_rows"]
 
 
-def test_prompts_are_byte_identical():
+# (variants, prompts, digest): the six variants as pinned before the refactor; `judge` (issue 18)
+# pinned apart when it was added, so the earlier pin still guards the six
+PINNED_PROMPTS = [
+    (("zero-shot", "reason-first", "few-shot", "default", "free-reason", "signals"), 336,
+     "3f0f4b8c9d56ec88f8de43ebff188139478cf87315f03d880a07018b9b239242"),
+    (("judge",), 56, "ea4a131e6d356a3f899af1a1d410a3104598729d498b4d425bcd4808d824ea62"),
+]
+
+
+@pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS, ids=["six", "judge"])
+def test_prompts_are_byte_identical(variants, count, pinned):
     """Every labelled window's prompt under every variant, digested: a change to any prompt
     (text, schema or design hash) changes this digest. Re-pin only for an intended change."""
+    assert set(VARIANTS) == {v for vs, _, _ in PINNED_PROMPTS for v in vs}  # a new variant gets a pin
     digests = {}
     for name in ("eval_windows.jsonl", "eval_windows_runs.jsonl"):
         for i, rec in enumerate(read_jsonl(AGENT / name)):
-            for v in VARIANTS:
+            for v in variants:
                 p = ContextBuilder(rec["context"], v, 4).build(rec["window"], rec.get("history") or [],
                                                                rec.get("recent") or [])
                 digests[f"{name}#{i}/{v}"] = {
                     "hash": p.hash, "text": hashlib.sha256(json.dumps(p.messages).encode()).hexdigest(),
                     "schema": hashlib.sha256(json.dumps(p.schema, sort_keys=True).encode()).hexdigest()}
-    assert len(digests) == 336
+    assert len(digests) == count
     everything = hashlib.sha256(json.dumps([digests[k] for k in sorted(digests)], sort_keys=True).encode()).hexdigest()
-    assert everything == "3f0f4b8c9d56ec88f8de43ebff188139478cf87315f03d880a07018b9b239242"
+    assert everything == pinned
 
 
 def test_a_forked_replayer_continues_as_the_original():

@@ -20,6 +20,12 @@ Prompt variants (scored by `rudder agent eval`):
                 ("hit rate falling, lookahead on, much missing ahead: replace")
   free-reason   default with any short reason (ending in its conclusion)
   signals       free-reason + one line naming the signals (trend, stale share, lookahead share)
+  judge         the signals to judge by, as numbers, and no conclusion drawn from them (issue 18):
+                hit-rate trend (points per window), stale share, link slack (fetch vs compute
+                time per minibatch), what the sampled-ahead minibatches lack and its drift; the
+                rules of thumb and the "much/little missing ahead" verdict are gone, the answer
+                also chooses admission (admit misses|any), and the grammar holds only the format
+                (any short reason ending in its conclusion). `window_signals` computes them.
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -68,6 +74,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("default", reason_first=True, examples="history", evidence_reason=True),
         Variant("free-reason", reason_first=True, examples="history"),
         Variant("signals", reason_first=True, examples="history", signals=True),
+        Variant("judge", reason_first=True, examples="canned", max_examples=3),
     ]
 }
 
@@ -204,6 +211,106 @@ CANNED: list[dict[str, Any]] = [
 ]
 
 
+# ---- the judge variant (issue 18): signals, not a verdict --------------------------------------
+JUDGE_VARIANTS = {"judge"}
+TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many windows (current included)
+
+JUDGE_SYSTEM = f"""\
+You steer the remote-feature buffer of one trainer in distributed GNN training.
+Each minibatch pulls the features of its remote input nodes over the network unless the buffer holds them. A minibatch's pull overlaps the previous minibatch's compute: it delays training only by the time it takes beyond the compute time.
+Signals of a window of minibatches:
+- hit rate: remote input rows served by the buffer / all remote input rows, and its trend in points per window
+- fetched rows: rows pulled over the network per minibatch = misses + rows admitted ahead of use
+- link: seconds a minibatch's pull took vs its compute; slack = compute - fetch (negative: the link is saturated and every row pulled delays training)
+- stale slots: buffer slots not hit for a long time, share of capacity
+- sampled ahead: nodes the next minibatches (already sampled) need that the buffer lacks, share of capacity, and its drift since the window before
+Action (holds until your next decision, one per window):
+- keep: no replacement round.
+- replace: with lookahead on, a round before every minibatch: Belady's rule on the sampled-ahead minibatches puts the nodes needed soonest into slots needed latest; without lookahead, one round now: stale slots get the most-missed nodes, pulled as extra rows.
+- budget: most slots one round may change: {budget_text()} of capacity.
+- admit (lookahead rounds): misses = only nodes this minibatch pulls anyway (no extra rows); any = also nodes pulled ahead of their use (extra rows now, fewer misses later).
+Predict the next window: hit rate and fetched rows up, down or flat.
+Answer with one JSON object; "remote_rows" in it means fetched rows:"""
+
+JUDGE_ANSWER = ('{"reason": "<the signals you weigh>: replace|keep", "replace": true|false, '
+                '"budget": "small"|"medium"|"large", "admit": "misses"|"any", '
+                '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}')
+
+JUDGE_CANNED: list[dict[str, Any]] = [
+    {
+        "window": {"window": 6, "first_step": 30, "last_step": 39, "minibatches": 10, "hit_rate": 0.36,
+                   "remote_rows": 120000, "fetched_rows": 76800, "replaced_rows": 0, "stale_slots": 4100,
+                   "buffer_fill": 10000, "lookahead_missing": 2600, "lookahead_rows": 2600,
+                   "t_fetch": 0.91, "t_minibatch": 1.51},
+        "recent": [{"hit_rate": 0.44, "lookahead_missing": 1500}, {"hit_rate": 0.40, "lookahead_missing": 1900}],
+        "answer": {"reason": "hit rate falling, link saturated, 26% of capacity lacking ahead: replace",
+                   "replace": True, "budget": "large", "admit": "misses",
+                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
+    },
+    {
+        "window": {"window": 11, "first_step": 60, "last_step": 69, "minibatches": 10, "hit_rate": 0.61,
+                   "remote_rows": 120000, "fetched_rows": 46800, "replaced_rows": 0, "stale_slots": 900,
+                   "buffer_fill": 10000, "lookahead_missing": 300, "lookahead_rows": 300,
+                   "t_fetch": 0.21, "t_minibatch": 0.81},
+        "recent": [{"hit_rate": 0.60, "lookahead_missing": 320}, {"hit_rate": 0.61, "lookahead_missing": 310}],
+        "answer": {"reason": "hit rate steady, few stale slots, 3% lacking ahead, no drift: keep",
+                   "replace": False, "budget": "small", "admit": "misses",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
+    {
+        "window": {"window": 15, "first_step": 100, "last_step": 109, "minibatches": 10, "hit_rate": 0.48,
+                   "remote_rows": 120000, "fetched_rows": 62400, "replaced_rows": 0, "stale_slots": 2500,
+                   "buffer_fill": 10000, "lookahead_missing": 1800, "lookahead_rows": 1800,
+                   "t_fetch": 0.18, "t_minibatch": 0.78},
+        "recent": [{"hit_rate": 0.50, "lookahead_missing": 900}, {"hit_rate": 0.49, "lookahead_missing": 1200}],
+        "answer": {"reason": "link slack 0.42 s, drift up, 18% lacking ahead: replace",
+                   "replace": True, "budget": "medium", "admit": "any",
+                   "expected": {"hit_rate": "up", "remote_rows": "up"}},
+    },
+]
+
+
+def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int = 0,
+                   lookahead: bool = True) -> dict[str, Any]:
+    """The judge variant's signals of window `w` (recent: earlier windows, oldest first, as dicts
+    or hit rates), as numbers (None where the window does not tell):
+      hit_rate, hit_rates (the last TREND_WINDOWS, current last), trend_windows,
+      hit_trend_pt   least-squares slope of those hit rates, points per window
+      stale_share    stale slots / capacity
+      fetch_s, compute_s, slack_s, slack_share
+                     mean seconds per minibatch of the pull (t_fetch) and of the rest
+                     (t_minibatch - t_fetch: compute and sampling); slack = compute - fetch
+                     (< 0: saturated), slack_share = slack / compute
+      missing_share  lookahead_missing / capacity (lookahead on)
+      drift_pt       missing_share minus the window before's, points of capacity."""
+    cap = max(1, capacity)
+    recent = list(recent)
+    rates = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
+    hr = w.get("hit_rate")
+    hist = [x for x in rates if x is not None][-(TREND_WINDOWS - 1):]
+    trend = None
+    series = hist + ([hr] if hr is not None else [])
+    if hr is not None and hist:
+        n = len(series)
+        xm, ym = (n - 1) / 2, sum(series) / n
+        trend = 100 * sum((i - xm) * (y - ym) for i, y in enumerate(series)) / sum((i - xm) ** 2 for i in range(n))
+    fetch, mb = w.get("t_fetch"), w.get("t_minibatch")
+    fetch_s = compute_s = slack_s = slack_share = None
+    if fetch is not None and mb:  # a replay without a time model records no times (0)
+        fetch_s, compute_s = float(fetch), float(mb) - float(fetch)
+        slack_s = compute_s - fetch_s
+        slack_share = slack_s / compute_s if compute_s > 0 else None
+    missing = w.get("lookahead_missing") if lookahead else None
+    missing_share = None if missing is None else missing / cap
+    before = next((r.get("lookahead_missing") for r in reversed(recent) if isinstance(r, dict)), None)
+    drift = None if missing_share is None or before is None else 100 * (missing_share - before / cap)
+    stale = w.get("stale_slots")
+    return {"hit_rate": hr, "hit_rates": series if hr is not None else [], "trend_windows": len(series),
+            "hit_trend_pt": trend, "stale_share": None if stale is None else stale / cap,
+            "fetch_s": fetch_s, "compute_s": compute_s, "slack_s": slack_s, "slack_share": slack_share,
+            "missing_share": missing_share, "drift_pt": drift}
+
+
 def trend_word(delta: float) -> str:
     """The hit-rate trend as prompts say it: rising / falling / steady (|delta| < HIT_TOL)."""
     return {"up": "rising", "down": "falling", "flat": "steady"}[direction(delta, HIT_TOL)]
@@ -241,6 +348,9 @@ class ContextBuilder:
         self.ctx = as_context(ctx)
         self.variant = get_variant(variant)
         self.history_k = history
+        if self.variant.name in JUDGE_VARIANTS:
+            self._init_judge()
+            return
         self.schema = answer_schema(self.variant.reason_first, self.variant.evidence_reason)
         self.start_schema = answer_schema(self.variant.reason_first, self.variant.evidence_reason, measured=False)
         self.answer_text = ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST
@@ -251,6 +361,18 @@ class ContextBuilder:
             "canned": [CANNED_CONTEXT, CANNED] if self.variant.examples != "none" else None,
         }
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _init_judge(self) -> None:
+        self.judge = True
+        self.schema = answer_schema(True, False, admission=True)
+        self.start_schema = self.schema
+        self.answer_text = JUDGE_ANSWER
+        self.system = JUDGE_SYSTEM + "\n" + self.answer_text
+        design = {"variant": asdict(self.variant), "system": JUDGE_SYSTEM, "run": RUN_TEMPLATE,
+                  "schema": self.schema, "answer": self.answer_text, "canned": [CANNED_CONTEXT, JUDGE_CANNED]}
+        self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
+
+    judge = False
 
     # ---- static context -------------------------------------------------------------------
     def static_text(self) -> str:
@@ -272,6 +394,8 @@ class ContextBuilder:
     def render_window(self, w: dict, recent: Iterable[float | dict] = ()) -> str:
         """The window in a few lines; `recent`: earlier windows (dicts or hit rates), oldest first."""
         c = self.ctx
+        if self.judge:
+            return self._render_judge(w, list(recent))
         if w.get("window") == START_WINDOW:
             return self._render_start(w)
         prev = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
@@ -320,6 +444,47 @@ class ContextBuilder:
         lines = ["Start of training: no minibatch has run yet, no hit rate yet; the buffer holds its initial fill"]
         return "\n".join(lines + self._buffer_lines(w))
 
+    def _render_judge(self, w: dict, recent: list) -> str:
+        """The window as the signals to judge by: numbers, no verdict."""
+        c = self.ctx
+        cap = max(1, c.capacity)
+        sig = window_signals(w, recent, c.capacity, c.lookahead > 0)
+        lines = []
+        if w.get("window") == START_WINDOW:
+            lines.append("Start of training: no minibatch has run yet; the buffer holds its initial fill")
+        else:
+            total = c.steps_per_epoch * c.epochs
+            first, last = w.get("first_step"), w.get("last_step")
+            head = f"Window {w.get('window', '?')}"
+            if first is not None and last is not None:
+                head += f": minibatches {first}-{last}" + (f" ({last + 1} of {total} done)" if total else "")
+            lines.append(head)
+            hr = f"hit rate {_pct(sig['hit_rate'])}"
+            if sig["hit_trend_pt"] is not None:
+                hr += (f"; trend {sig['hit_trend_pt']:+.1f} pt per window over the last {sig['trend_windows']} "
+                       "windows (" + ", ".join(_pct(h) for h in sig["hit_rates"]) + ")")
+            else:
+                hr += "; no earlier window"
+            lines.append(hr)
+            fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
+            lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "
+                         f"replaced rows in window {_num(w.get('replaced_rows'))}")
+            if sig["slack_s"] is None:
+                lines.append("link: fetch and compute time not measured")
+            else:
+                state = (f"slack {sig['slack_s']:.2f} s ({_pct(sig['slack_share'], 0)} of compute)"
+                         if sig["slack_s"] >= 0 else f"fetch exceeds compute by {-sig['slack_s']:.2f} s")
+                lines.append(f"link: fetch {sig['fetch_s']:.2f} s per minibatch, compute {sig['compute_s']:.2f} s: {state}")
+        if sig["stale_share"] is not None:
+            lines.append(f"stale slots {_num(w.get('stale_slots'))} of {cap:,} ({_pct(sig['stale_share'], 0)} of capacity)")
+        if c.lookahead > 0 and sig["missing_share"] is not None:
+            s = (f"sampled ahead: the next {c.lookahead} minibatches lack {_num(w.get('lookahead_missing'))} "
+                 f"nodes ({_pct(sig['missing_share'], 0)} of capacity)")
+            if sig["drift_pt"] is not None:
+                s += f"; drift {sig['drift_pt']:+.1f} pt of capacity since the window before"
+            lines.append(s)
+        return "\n".join(lines)
+
     def _signals(self, w: dict, prev: list[float]) -> str:
         cap = max(1, self.ctx.capacity)
         hr = w.get("hit_rate")
@@ -343,6 +508,8 @@ class ContextBuilder:
                 lines.append(f"- #{h.decision} {at}: no valid answer, {h.fallback} applied")
                 continue
             act = f"replace {h.budget} ({h.rows} rows)" if h.replace else "keep"
+            if self.judge and h.replace and h.admit:
+                act = f"replace {h.budget}, admit {h.admit} ({h.rows} rows)"
             s = (f"- #{h.decision} {at}: {act}; predicted hit_rate {h.expected_hit_rate}, "
                  f"rows {h.expected_remote_rows}")
             if h.window == START_WINDOW:
@@ -361,6 +528,8 @@ class ContextBuilder:
         v = self.variant
         if v.examples == "none":
             return []
+        if self.judge:
+            return self._judge_examples()
         own: list[tuple[str, dict]] = []
         if v.examples == "history":
             for h in reversed(history):
@@ -390,6 +559,20 @@ class ContextBuilder:
                             + conclusion(e["answer"]["replace"]), **e["answer"]}))
         return canned[: v.max_examples - len(own)] + own
 
+    def _judge_examples(self) -> list[tuple[str, dict]]:
+        """Canned windows with answers of every kind (keep, replace admitting misses, replace
+        admitting any), each reason naming the signals it rests on: they show the format and
+        the signals' use, not a rule that settles every window."""
+        out, prev_ctx = [], None
+        for e in JUDGE_CANNED[: self.variant.max_examples]:
+            cctx = {**CANNED_CONTEXT, **e.get("context", {})}
+            cb = ContextBuilder(cctx, self.variant.name, self.history_k)
+            head = "Same run.\n" if cctx == prev_ctx else cb.static_text() + "\n"
+            prev_ctx = cctx
+            out.append((head + cb.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]),
+                        e["answer"]))
+        return out
+
     def build(self, window: dict, history: Iterable[HistoryEntry | dict] = (),
               recent: Iterable[float | dict] = ()) -> Prompt:
         hist = [h if isinstance(h, HistoryEntry) else HistoryEntry.model_validate(h) for h in history]
@@ -405,6 +588,8 @@ class ContextBuilder:
 
 def _ordered(answer: dict, reason_first: bool) -> dict:
     Answer.model_validate(answer)  # canned and hindsight examples must themselves be valid
+    if "admit" in answer:  # the judge variant's order (answer_schema(admission=True))
+        return {k: answer[k] for k in ["reason", "replace", "budget", "admit", "expected"]}
     keys = ["reason", "replace", "budget", "expected"]
     if not reason_first:
         keys = keys[1:] + keys[:1]
@@ -441,5 +626,5 @@ def hindsight_example(h: HistoryEntry, capacity: int = 0, lookahead: bool = Fals
             "expected": {"hit_rate": h.outcome_hit_rate, "remote_rows": h.outcome_remote_rows or "flat"}}
 
 
-__all__ = ["ContextBuilder", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
+__all__ = ["ContextBuilder", "window_signals", "JUDGE_VARIANTS", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
            "ROWS_TOL", "BUDGET_SHARE", "hindsight_example", "per_minibatch", "as_context"]

@@ -18,6 +18,10 @@ Direction = Literal["up", "down", "flat"]
 # and the minibatches already sampled ahead (no metrics window has closed yet).
 START_WINDOW = -1
 Budget = Literal["small", "medium", "large"]
+# Which rows a lookahead round admits: only the minibatch's misses (no extra network rows), or any
+# node the sampled-ahead minibatches need (rows pulled ahead of use: link time now, misses saved
+# later). The `judge` prompt variant lets the model choose it; the others leave it to the config.
+Admit = Literal["misses", "any"]
 
 # Share of buffer capacity one replacement round may change, per budget word. With lookahead and
 # demand admission a round adds no network rows and costs about the same time whatever it swaps
@@ -73,6 +77,8 @@ class Answer(BaseModel):
     reason: str = Field(max_length=REASON_MAX_CHARS, description="one short sentence ending in its conclusion")
     replace: bool = Field(description="run a replacement round now")
     budget: Budget = Field(description="how many rows the round may change")
+    admit: Admit | None = Field(None, description="rows a lookahead round admits (judge variant); "
+                                "None = the config's prefetch.admit")
     expected: Expected
 
     @model_validator(mode="after")
@@ -90,7 +96,8 @@ EVIDENCE_LOOKAHEAD = "lookahead (on(, (much|little) missing ahead)?|off)"
 EVIDENCE_PATTERN = EVIDENCE_TREND + EVIDENCE_LOOKAHEAD
 
 
-def answer_schema(reason_first: bool = True, evidence_reason: bool = False, measured: bool = True) -> dict[str, Any]:
+def answer_schema(reason_first: bool = True, evidence_reason: bool = False, measured: bool = True,
+                  admission: bool = False) -> dict[str, Any]:
     """JSON schema of Answer, properties in generation order (llama.cpp's grammar follows it).
     reason_first lets the model write its reasoning before it commits to the decision.
     Two alternatives, one per decision: the reason's closing words fix `replace` (reason first),
@@ -98,11 +105,14 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
     evidence_reason: the reason must take the evidence form itself (EVIDENCE_PATTERN), not only
     end with the conclusion: a small model then cannot drift into copying other prompt text.
     measured=False (the start decision: no window has closed): the evidence has no hit rate, so
-    the model cannot state a trend it has not seen."""
+    the model cannot state a trend it has not seen.
+    admission: the answer also chooses `admit` (misses|any), after the budget."""
     direction = {"type": "string", "enum": ["up", "down", "flat"]}
     order = ["reason", "replace", "budget", "expected"]
     if not reason_first:
         order = ["replace", "budget", "expected", "reason"]
+    if admission:
+        order.insert(order.index("budget") + 1, "admit")
     # the evidence form, or any short text without quotes, backslashes or line breaks (nothing
     # JSON must escape); then the conclusion
     evidence = EVIDENCE_PATTERN if measured else EVIDENCE_LOOKAHEAD
@@ -113,6 +123,7 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
             "reason": {"type": "string", "pattern": f"^{head}{conclusion(replace)}$"},
             "replace": {"type": "boolean", "const": replace},
             "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
+            "admit": {"type": "string", "enum": ["misses", "any"]},
             "expected": {
                 "type": "object",
                 "properties": {"hit_rate": direction, "remote_rows": direction},
@@ -144,6 +155,7 @@ class Decision(BaseModel):
     raw: str = Field("", description="the model's raw text (cut to 2000 chars)")
     replace: bool = False
     budget: Budget | None = None
+    admit: Admit | None = Field(None, description="the answer's admission (None: the config's)")
     expected_hit_rate: Direction | None = None
     expected_remote_rows: Direction | None = None
     reason: str = ""
@@ -164,12 +176,19 @@ class Decision(BaseModel):
 
     @classmethod
     def from_answer(cls, ans: Answer, **kw) -> "Decision":
-        return cls(replace=ans.replace, budget=ans.budget, expected_hit_rate=ans.expected.hit_rate,
+        return cls(replace=ans.replace, budget=ans.budget, admit=ans.admit, expected_hit_rate=ans.expected.hit_rate,
                    expected_remote_rows=ans.expected.remote_rows, reason=ans.reason, **kw)
 
     def to_record(self) -> dict[str, Any]:
         d = self.model_dump()
-        return {k: d[k] for k in DECISION_FIELDS}
+        rec = {k: d[k] for k in DECISION_FIELDS}
+        if self.admit is not None:  # not a column: the results store keeps it in `extra`
+            rec["admit"] = self.admit
+        return rec
+
+    def admission(self, default: str) -> str:
+        """Which rows this decision's round admits: the answer's choice, else `default`."""
+        return self.admit or default
 
 
 class HistoryEntry(BaseModel):
@@ -180,6 +199,7 @@ class HistoryEntry(BaseModel):
     window: int | None = None
     replace: bool = False
     budget: Budget | None = None
+    admit: Admit | None = None
     rows: int | None = Field(None, description="rows the budget allowed")
     expected_hit_rate: Direction | None = None
     expected_remote_rows: Direction | None = None

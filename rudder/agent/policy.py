@@ -177,12 +177,13 @@ class LLMDecider(Decider):
             except queue.Empty:
                 return out
             rows = budget_rows(d.budget, self.steer.ctx.capacity) if d.budget else 0
-            out.append(Verdict(self._record(d), point, rows, f"agent#{d.decision}"))
+            # the answer's admission (judge prompt), else prefetch.admit as the lookahead policy's
+            out.append(Verdict(self._record(d), point, rows, f"agent#{d.decision}", d.admit))
 
     def applied(self, v: Verdict) -> None:
         d = v.record
         v.memo = entry = HistoryEntry(
-            decision=d.decision, window=d.window, replace=d.replace, budget=d.budget,
+            decision=d.decision, window=d.window, replace=d.replace, budget=d.budget, admit=d.admit,
             rows=v.rows or None, expected_hit_rate=d.expected_hit_rate,
             expected_remote_rows=d.expected_remote_rows, fallback=d.fallback, staleness=d.staleness,
             judged=v.point.raw)

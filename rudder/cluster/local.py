@@ -48,6 +48,9 @@ class ClusterSpec:
     machines: int  # emulated machines (one DGL server + partition each)
     trainers_per_machine: int = 1
     bandwidth: str | None = None  # tbf rate per machine link ("1gbit", "200mbit"); None = unshaped
+    # [(t_s, rate), ...]: each link's rate changes to `rate` t_s seconds after a run's machines
+    # are launched (LinkScheduler); before the first entry the link runs at `bandwidth`
+    bandwidth_schedule: list | None = None
     netns: bool | None = None  # None: namespaces when usable (root), else one machine on 127.0.0.1
     start_timeout_s: float = 120.0  # launch -> every server listening and every trainer started
     run_timeout_s: float = 1800.0  # launch -> every machine done; the run is torn down past it
@@ -67,6 +70,10 @@ class ClusterSpec:
         if self.start_timeout_s <= 0 or self.run_timeout_s <= 0 or self.kill_grace_s < 0:
             raise ValueError("timeouts must be > 0 and kill_grace_s >= 0")
         nets.check_prefix(self.prefix)
+        if self.bandwidth is not None:
+            nets.parse_rate(self.bandwidth)
+        if self.bandwidth_schedule is not None:
+            self.bandwidth_schedule = nets.check_schedule(self.bandwidth_schedule)
 
     @classmethod
     def from_config(cls, cfg, **overrides) -> "ClusterSpec":
@@ -101,6 +108,9 @@ class ClusterResult:
     netns: bool
     run_dir: str
     cluster: str  # network tag ("rdr3fa9c1"), "" without namespaces
+    # the bandwidth schedule's changes as applied (LinkScheduler.changes): t_s scheduled,
+    # applied_s after launch, at (epoch seconds), rate, error (None when tc took it)
+    link_changes: list[dict] = dataclasses.field(default_factory=list)
 
     @property
     def exit_codes(self) -> dict[str, int | None]:
@@ -145,6 +155,44 @@ def hold_port(host: str = LOOPBACK) -> socket.socket:
     return s
 
 
+class LinkScheduler(threading.Thread):
+    """Changes the rate of every machine link of `net` at the times of a bandwidth schedule,
+    counted from `t0` (time.time() of the run's launch). Each change is appended to `changes`
+    and, flushed, to `log_path` (JSON lines: a killed run keeps what happened). `stop()` ends it
+    at once: no change happens after the run it belongs to."""
+
+    def __init__(self, net: nets.ClusterNet, schedule: list[tuple[float, str]], t0: float,
+                 log_path: Path):
+        super().__init__(name=f"link-schedule-{net.tag}", daemon=True)
+        self.net, self.schedule, self.t0, self.log_path = net, schedule, t0, log_path
+        self.changes: list[dict] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        mono0 = time.monotonic() - (time.time() - self.t0)  # t0 on the monotonic clock
+        for t_s, rate in self.schedule:
+            if self._stop_event.wait(max(0.0, mono0 + t_s - time.monotonic())):
+                return
+            error = None
+            try:
+                nets.set_rate(self.net, rate)
+            except nets.NetnsError as exc:  # recorded, not raised: the run goes on at the old rate
+                error = str(exc)
+                log.warning("cluster %s: link rate change to %s failed: %s", self.net.tag, rate, exc)
+            now = time.time()
+            rec = {"t_s": t_s, "rate": rate, "applied_s": round(now - self.t0, 3), "at": now,
+                   "error": error}
+            self.changes.append(rec)
+            with open(self.log_path, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+            log.info("cluster %s: links at %s (t=%.1f s)", self.net.tag, rate, now - self.t0)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=2 * nets.CMD_TIMEOUT_S)
+
+
 class LocalCluster:
     """N emulated machines on this host. Use as a context manager: the network exists from
     `__enter__` (or `start()`) to `__exit__` (or `close()`); `run()` may be called several times
@@ -164,6 +212,7 @@ class LocalCluster:
         self.net_setup_s: float | None = None
         # Optional: check(statuses) -> reason ("" while the run makes progress); see watchdog.py.
         self.watchdog = None
+        self.link_scheduler: LinkScheduler | None = None  # the run in progress's, if scheduled
 
     # -- network lifetime ----------------------------------------------------------------------
 
@@ -206,7 +255,7 @@ class LocalCluster:
                 raise ClusterError(f"netns=False allows one machine only, {spec.machines} asked: "
                                    f"{why_single}; emulating several machines needs network "
                                    "namespaces (root)")
-            if spec.bandwidth:
+            if spec.bandwidth or spec.bandwidth_schedule:
                 raise ClusterError("bandwidth shaping needs network namespaces (netns=False)")
             log.info("LocalCluster: one machine on 127.0.0.1 without namespaces (netns=False)")
             return False
@@ -215,7 +264,9 @@ class LocalCluster:
             return True
         if spec.netns is True:
             raise ClusterError(f"netns=True but network namespaces are unusable: {why}")
-        if spec.machines > 1 or spec.bandwidth:
+        if spec.bandwidth_schedule and shutil.which("tc") is None:
+            raise ClusterError("cluster.bandwidth_schedule needs `tc` (iproute2), not found on PATH")
+        if spec.machines > 1 or spec.bandwidth or spec.bandwidth_schedule:
             what = f"{spec.machines} machines" if spec.machines > 1 else "bandwidth shaping"
             raise ClusterError(f"{what} need network namespaces, unusable here ({why}); "
                                f"run as root, or use machines=1 without bandwidth ({why_single})")
@@ -242,6 +293,7 @@ class LocalCluster:
         with self._lock:
             self._closed = True
             _LIVE.discard(self)
+            self._stop_link_scheduler()
             self._kill_procs(self._procs, grace=0.0)
             for held in self._held:
                 held.close()
@@ -251,6 +303,20 @@ class LocalCluster:
                 problems = nets.destroy_network(self.net)
                 self.net = None
             return problems
+
+    def _stop_link_scheduler(self) -> list[dict]:
+        """Stops the run's bandwidth schedule and puts the links back at `bandwidth` (the next
+        run starts from there). Returns the changes it applied."""
+        sched, self.link_scheduler = self.link_scheduler, None
+        if sched is None:
+            return []
+        sched.stop()
+        if self.net is not None and sched.changes:
+            try:
+                nets.set_rate(self.net, self.spec.bandwidth)
+            except nets.NetnsError as exc:
+                log.warning("cluster %s: could not restore the link rate: %s", self.net.tag, exc)
+        return sched.changes
 
     # -- one run -------------------------------------------------------------------------------
 
@@ -305,6 +371,11 @@ class LocalCluster:
                 plan_path = cdir / f"machine{m}.plan.json"
                 plan_path.write_text(json.dumps(plan, indent=1))
                 self._launch(m, plan_path, base_env, logs / f"machine{m}.supervisor.log")
+            if spec.bandwidth_schedule and self.net is not None:
+                changes = cdir / "link_changes.jsonl"
+                changes.unlink(missing_ok=True)
+                self.link_scheduler = LinkScheduler(self.net, spec.bandwidth_schedule, launched_at, changes)
+                self.link_scheduler.start()
             log.info("launched %d machine(s) x %d trainer(s); logs in %s", spec.machines,
                      spec.trainers_per_machine, logs)
             reason, startup_s = self._watch(t0, launched_at, cdir, plans)
@@ -313,6 +384,7 @@ class LocalCluster:
             reason = f"interrupted ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
         finally:
             sigstate["teardown"] = True  # a signal now is remembered, not raised mid-teardown
+            link_changes = self._stop_link_scheduler()
             codes = self._kill_procs(self._procs, grace=spec.kill_grace_s + 2.0)
             self._procs = []
             for held in self._held:
@@ -327,6 +399,7 @@ class LocalCluster:
             reason = reason or f"interrupted (signal {sigstate['pending']})"
         wall = time.monotonic() - t0
         result = self._result(reason, wall, startup_s, codes, cdir, plans)
+        result.link_changes = link_changes
         (cdir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))
         if result.ok:
             log.info("cluster run ok in %.1f s (start-up %.1f s)", wall, startup_s or -1)

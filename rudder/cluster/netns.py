@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rudder.bandwidth import check_schedule, parse_rate  # noqa: F401 (re-exported)
+
 log = logging.getLogger("rudder.cluster")
 
 DEFAULT_PREFIX = "rdr"
@@ -243,6 +245,39 @@ def create_network(machines: int, prefix: str = DEFAULT_PREFIX,
     return net
 
 
+TBF = ["burst", "64kb", "latency", "50ms"]
+
+
+def _tbf(rate: str) -> list[str]:
+    return ["root", "tbf", "rate", rate, *TBF]
+
+
+def set_rate(net: ClusterNet, rate: str | None) -> list[str]:
+    """Shapes every machine link of `net` to `rate` at once (both directions, as _build does),
+    in place: `tc qdisc replace` changes a tbf's rate without dropping the link. None removes
+    the shaping. Returns the interfaces changed."""
+    done = []
+    for i in range(net.machines):
+        for prefix, dev in ((["tc"], net.host_veth(i)),
+                            (["ip", "netns", "exec", net.namespace(i), "tc"], net.ns_veth(i))):
+            if rate is None:
+                _run([*prefix, "qdisc", "del", "dev", dev, "root"], check=False)
+            else:
+                _run([*prefix, "qdisc", "replace", "dev", dev, *_tbf(rate)])
+            done.append(dev)
+    return done
+
+
+def link_rate(net: ClusterNet, i: int, inside: bool = False) -> str | None:
+    """The tbf rate on machine i's link as `tc -s qdisc show` reports it ("20Mbit"), host side
+    (inside=False) or the namespace's side; None when the link is not shaped."""
+    prefix = ["ip", "netns", "exec", net.namespace(i), "tc"] if inside else ["tc"]
+    dev = net.ns_veth(i) if inside else net.host_veth(i)
+    out = _run([*prefix, "-s", "qdisc", "show", "dev", dev], check=False).stdout
+    m = re.search(r"qdisc tbf \S+ root .*?\brate (\S+)", out)
+    return m.group(1) if m else None
+
+
 def _build(net: ClusterNet) -> None:
     plen = ipaddress.ip_network(net.subnet).prefixlen
     _run(["ip", "link", "add", net.bridge, "type", "bridge"])
@@ -261,7 +296,7 @@ def _build(net: ClusterNet) -> None:
         if net.bandwidth:
             # Both directions of the machine's link: its egress (inside the namespace) and its
             # ingress (the host side's egress towards it), like a full-duplex NIC of that rate.
-            tbf = ["root", "tbf", "rate", net.bandwidth, "burst", "64kb", "latency", "50ms"]
+            tbf = _tbf(net.bandwidth)
             _run(["tc", "qdisc", "add", "dev", host, *tbf])
             _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, *tbf])
 

@@ -118,9 +118,9 @@ class SlurmCluster(LocalCluster):
 
     def __init__(self, spec: ClusterSpec, run_dir: str | Path, ifname: str | None = None,
                  srun_args: str | list[str] | None = None, nodes: list[str] | None = None):
-        if spec.bandwidth:
+        if spec.bandwidth or spec.bandwidth_schedule:
             raise ClusterError("bandwidth shaping emulates a network; on Slurm nodes the network "
-                               "is real (set cluster.bandwidth: null)")
+                               "is real (set cluster.bandwidth and cluster.bandwidth_schedule: null)")
         super().__init__(spec, run_dir)
         self.ifname = ifname or None
         srun_args = srun_args or []

@@ -145,6 +145,7 @@ class BufferReplayer(Replayer):
         self.windows: list[dict] = []
         self.decisions: list[dict] = []
         self.waited = 0.0
+        self.clock = None  # rudder.sim.timemodel.Clock: records then carry the modelled times
 
     def fill(self, init: np.ndarray) -> None:
         if init.size:
@@ -166,8 +167,13 @@ class BufferReplayer(Replayer):
         self.g += 1
         if not self.records:
             return c
-        record = MinibatchRecord.of_step(pt.epochs[g], pt.steps[g], g, StepStats.of_counts(
-            pt.input_rows[g], c.hits, c.misses, c.replaced_rows, c.admitted_rows, pt.trace.feat_bytes)).to_dict()
+        stats = StepStats.of_counts(pt.input_rows[g], c.hits, c.misses, c.replaced_rows, c.admitted_rows,
+                                    pt.trace.feat_bytes)
+        timing = {}
+        if self.clock is not None:  # the windows (and a policy reading them) see link time
+            stats.t_fetch, stall = self.clock.step(c.misses + c.replaced_rows)
+            timing = {"t_compute": self.clock.model.compute_s, "t_stall": stall}
+        record = MinibatchRecord.of_step(pt.epochs[g], pt.steps[g], g, stats, **timing).to_dict()
         window = self.collector.add(record, lambda: buffer_state(buf, ahead))
         pol.observe(record, window)
         if window is not None:
@@ -182,6 +188,7 @@ class BufferReplayer(Replayer):
         shared, not copied."""
         new = copy.copy(self)
         new.buf, new.collector = copy.deepcopy(self.buf), copy.deepcopy(self.collector)
+        new.clock = copy.copy(self.clock)
         new.policy = policy if policy is not None else copy.deepcopy(self.policy)
         new.windows, new.decisions = list(self.windows), list(self.decisions)
         return new

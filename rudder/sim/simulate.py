@@ -141,6 +141,8 @@ class SimResult:
     windows: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    # with a time model (rudder.sim.timemodel): per-minibatch t_fetch, t_compute, t_stall, t_start
+    timing: dict[str, np.ndarray] | None = None
 
     def total(self, key: str) -> int:
         return int(self.counts[key].sum())
@@ -161,7 +163,11 @@ class SimResult:
             "fetched_frac": fetched / remote if remote else 0.0,  # of `none`'s rows
             "initial_fill_rows": self.initial_fill_rows,
             "decisions": len(self.decisions),
-            "seconds": self.seconds, "accesses_per_s": self.accesses_per_s, **self.extra,
+            "seconds": self.seconds, "accesses_per_s": self.accesses_per_s,
+            **({} if self.timing is None else {  # the time model's run time (rudder.sim.timemodel)
+                "time_s": float((self.timing["t_compute"] + self.timing["t_stall"]).sum()),
+                "stall_s": float(self.timing["t_stall"].sum())}),
+            **self.extra,
         }
 
     def records(self) -> list[dict]:
@@ -173,17 +179,28 @@ class SimResult:
         c = {k: v.tolist() for k, v in self.counts.items()}
         inp = t.input_rows.tolist()
         epochs, steps = t.epoch.tolist(), t.steps().tolist()
-        return [MinibatchRecord.of_step(epochs[g], steps[g], g, StepStats.of_counts(
-                    inp[g], c["hits"][g], c["misses"][g], c["replaced_rows"][g],
-                    c["admitted_rows"][g], t.feat_bytes))
-                for g in range(t.num_minibatches)]
+        if self.timing is None:
+            return [MinibatchRecord.of_step(epochs[g], steps[g], g, StepStats.of_counts(
+                        inp[g], c["hits"][g], c["misses"][g], c["replaced_rows"][g],
+                        c["admitted_rows"][g], t.feat_bytes))
+                    for g in range(t.num_minibatches)]
+        tm = {k: v.tolist() for k, v in self.timing.items()}
+        out = []
+        for g in range(t.num_minibatches):
+            stats = StepStats.of_counts(inp[g], c["hits"][g], c["misses"][g], c["replaced_rows"][g],
+                                        c["admitted_rows"][g], t.feat_bytes)
+            stats.t_fetch = tm["t_fetch"][g]
+            out.append(MinibatchRecord.of_step(epochs[g], steps[g], g, stats, t_compute=tm["t_compute"][g],
+                                               t_stall=tm["t_stall"][g]))
+        return out
 
     def epoch_records(self) -> list[dict]:
         """The epoch totals of the minibatch records (timings 0; loss and accuracy unknown)."""
         totals: dict[int, EpochTotals] = {}
         for r in self._records():
             totals.setdefault(r.epoch, EpochTotals()).add(r)
-        return [tot.record(e, t_epoch=0.0, initial_fill_rows=self.initial_fill_rows if i == 0 else 0).to_dict()
+        return [tot.record(e, t_epoch=0.0 if self.timing is None else tot.sums["t_compute"] + tot.sums["t_stall"],
+                           initial_fill_rows=self.initial_fill_rows if i == 0 else 0).to_dict()
                 for i, (e, tot) in enumerate(sorted(totals.items()))]
 
 
@@ -237,13 +254,16 @@ def simulate(
     agent_sync: bool = True,
     agent_wait_s: float = 60.0,
     verify: bool = False,
+    time_model=None,
 ) -> SimResult:
     """Replays `trace` under `policy`. capacity: default the trace's; start: the trace's initial
     fill (`init`, as the run started; with a smaller capacity its first C ids) or `empty`.
     agent_sync: after each window closes, wait (up to agent_wait_s) for an asynchronous policy's
     answer, so it applies at the next minibatch as a zero-latency agent's would (a replay runs
     far faster than training; without waiting every answer would arrive after the trace ends).
-    verify: check the mechanism's invariants after every minibatch (tests)."""
+    verify: check the mechanism's invariants after every minibatch (tests).
+    time_model: a rudder.sim.timemodel.TimeModel: records carry the modelled t_fetch, t_compute
+    and t_stall (a buffer policy's windows too, as it runs), the summary time_s and stall_s."""
     spec = policy if isinstance(policy, PolicySpec) else parse_policy(policy, _source_prefetch(source))
     if extra:
         spec.extra = {**spec.extra, **extra}
@@ -254,10 +274,16 @@ def simulate(
         raise ValueError(f"unknown start {start!r}; valid: init, empty")
     init = trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64)
     if spec.base in buffer_policies():
-        return _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify)
-    if spec.base in CACHES:
-        return _simulate_cache(trace, spec, C, init, rank, verify)
-    return _simulate_belady(trace, spec, C, start, rank)
+        res = _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify, time_model)
+    elif spec.base in CACHES:
+        res = _simulate_cache(trace, spec, C, init, rank, verify)
+    else:
+        res = _simulate_belady(trace, spec, C, start, rank)
+    if time_model is not None:
+        res.timing = time_model.times(res.counts["fetched_rows"])
+        if res.windows and spec.base not in buffer_policies():  # post-hoc windows: with the times
+            res.windows = _post_hoc_windows(res, DEFAULT_WINDOW)
+    return res
 
 
 def _source_prefetch(source: dict | None):
@@ -272,7 +298,8 @@ def _source_prefetch(source: dict | None):
         return None
 
 
-def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify) -> SimResult:
+def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_s, verify,
+                     time_model=None) -> SimResult:
     from rudder.prefetch.policies import make_policy
 
     pc = spec.prefetch
@@ -282,6 +309,8 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
         t0 = time.perf_counter()
         counts = replay(pt, NoBufferReplayer())
         res = SimResult(spec.spec, rank, trace, 0, 0, counts, time.perf_counter() - t0)
+        if time_model is not None:
+            res.timing = time_model.times(counts["fetched_rows"])
         res.windows = _post_hoc_windows(res, pc.window)
         return res
     # The replay runs in halo-position space (PositionTrace); the buffer, scores and
@@ -290,6 +319,8 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
     rp = BufferReplayer(pt, pol, C, alpha=pc.alpha, period=pc.period, depth=sample_ahead(pc),
                         window=pc.window, verify=verify, wait_for_answer=wait)
     rp.fill(init)
+    if time_model is not None:
+        rp.clock = time_model.clock()
     pol.setup(run_context(trace, pc, C, rank, source))
     t0 = time.perf_counter()
     counts = replay(pt, rp)
