@@ -175,3 +175,39 @@ def test_cli_partition(root, parts2, capsys):
     assert e.value.code == 2 and "kahip" in capsys.readouterr().err
     assert main(["data", "list", "--root", str(root)]) == 0
     assert "2-metis" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype,suffix", [("float16", "-f16"), ("bfloat16", "-bf16")])
+def test_feature_dtype_partition_serves_the_cast_rows(root, graph, parts2, dtype, suffix):
+    """A float16/bfloat16 partitioning stores exactly the float32 rows cast (round to nearest),
+    lives beside the float32 one and never stands in for it (params, folder, file digests)."""
+    import dgl
+    import torch
+
+    info = P.partition(NAME, 2, root=root, feature_dtype=dtype)
+    assert info.dir.name == f"2-metis{suffix}" and info.dir != parts2.dir
+    m = info.manifest
+    assert m["params"]["feature_dtype"] == dtype and "feature_dtype" not in parts2.manifest["params"]
+    assert m["feature_dtype"] == dtype
+    assert m["feature_row_bytes"] == graph.ndata["feat"].shape[1] * 2
+    assert m["files"]["part0/node_feat.dgl"] != parts2.manifest["files"]["part0/node_feat.dgl"]
+    orig = info.orig_nids()
+    for p, rec in enumerate(m["partitions"]):
+        feats = dgl.data.utils.load_tensors(str(info.dir / f"part{p}" / "node_feat.dgl"))["_N/feat"]
+        assert feats.dtype == getattr(torch, dtype)
+        want = graph.ndata["feat"][orig[rec["node_range"][0]:rec["node_range"][1]]]
+        assert torch.equal(feats.view(torch.int16), want.to(feats.dtype).view(torch.int16))
+    # the same partition asked again is reused; float32 is still the float32 one
+    assert P.partition(NAME, 2, root=root, feature_dtype=dtype).reused
+    again = P.partition(NAME, 2, root=root)
+    assert again.reused and again.dir == parts2.dir
+
+
+def test_feature_dtype_errors(root):
+    import torch
+
+    with pytest.raises(ValueError, match="unknown feature dtype 'int8'; valid: float32, float16"):
+        P.partition(NAME, 2, root=root, feature_dtype="int8")
+    with pytest.raises(ValueError, match=r"2 feature values overflow float16 .*\| 70000\)"):
+        P.cast_features(torch.tensor([[1.0, 7e4], [-7e4, 2.0]]), "float16")
+    assert P.cast_features(torch.tensor([[7e4]]), "bfloat16").dtype == torch.bfloat16

@@ -13,6 +13,11 @@ writes beside DGL's files:
   and edge cut, and the sha256 of every file of the partitioning. A partitioning whose manifest
   matches the graph and parameters and whose files match their digests is reused (a file
   verified once and unchanged since, same size and mtime, is not hashed again).
+
+`feature_dtype` (float32, the staged graph's; float16 or bfloat16): the node features are cast
+before partitioning, so the servers hold and serve them in that dtype and every pulled row moves
+half the bytes. It is part of the params (and of the folder name: -f16 / -bf16), so a float32
+and a float16 partitioning never stand in for each other.
 """
 from __future__ import annotations
 
@@ -56,6 +61,8 @@ class _DropLines(io.TextIOBase):
         self.out.flush()
 
 METHODS = ("metis", "random")
+# feature dtypes a partitioning may store (name -> folder suffix); float32 is the staged graph's
+FEATURE_DTYPES = {"float32": "", "float16": "-f16", "bfloat16": "-bf16"}
 MANIFEST = "manifest.json"
 ID_MAP = "orig_nids.pt"
 EDGE_ID_MAP = "orig_eids.pt"
@@ -101,11 +108,11 @@ class PartitionInfo:
 
 
 def partition_dir(name: str, num_parts: int, method: str, root: str | os.PathLike = "data",
-                  balance_train: bool = True, balance_edges: bool = True, seed: int = 0
-                  ) -> Path:
+                  balance_train: bool = True, balance_edges: bool = True, seed: int = 0,
+                  feature_dtype: str = "float32") -> Path:
     """`<root>/<name>/parts/<P>-<method>`, with a suffix for each non-default choice
-    (-nobaltrain, -nobaledges, -seed<N> for the random method) so variants do not overwrite
-    each other."""
+    (-nobaltrain, -nobaledges, -seed<N> for the random method, -f16 / -bf16 for the feature
+    dtype) so variants do not overwrite each other."""
     tag = f"{num_parts}-{method}"
     if not balance_train:
         tag += "-nobaltrain"
@@ -113,15 +120,26 @@ def partition_dir(name: str, num_parts: int, method: str, root: str | os.PathLik
         tag += "-nobaledges"
     if method == "random" and seed != 0:
         tag += f"-seed{seed}"
+    tag += FEATURE_DTYPES[check_feature_dtype(feature_dtype)]
     return dataset_dir(name, root) / "parts" / tag
 
 
+def check_feature_dtype(name: str) -> str:
+    if name not in FEATURE_DTYPES:
+        raise ValueError(f"unknown feature dtype {name!r}; valid: {', '.join(FEATURE_DTYPES)}")
+    return name
+
+
 def _params(num_parts: int, method: str, balance_train: bool, balance_edges: bool,
-            seed: int) -> dict[str, Any]:
+            seed: int, feature_dtype: str = "float32") -> dict[str, Any]:
     # METIS is deterministic: its seed is recorded as None so any seed reuses one partitioning.
-    return {"num_parts": num_parts, "method": method, "balance_train": balance_train,
-            "balance_edges": balance_edges, "num_hops": 1,
-            "seed": seed if method == "random" else None}
+    params = {"num_parts": num_parts, "method": method, "balance_train": balance_train,
+              "balance_edges": balance_edges, "num_hops": 1,
+              "seed": seed if method == "random" else None}
+    # only a cast is recorded: float32 manifests made before the option stay valid
+    if check_feature_dtype(feature_dtype) != "float32":
+        params["feature_dtype"] = feature_dtype
+    return params
 
 
 def _expected_files(d: Path, manifest: dict[str, Any]) -> list[Path]:
@@ -167,17 +185,19 @@ def read_valid_manifest(d: Path, checksum: str, params: dict[str, Any]
 
 def partition(name: str, num_parts: int, method: str = "metis", balance_train: bool = True,
               balance_edges: bool = True, root: str | os.PathLike = "data", seed: int = 0,
-              force: bool = False) -> PartitionInfo:
+              force: bool = False, feature_dtype: str = "float32") -> PartitionInfo:
     """Partition dataset `name` (staged, or a synthetic preset, staged on demand) into
     `num_parts` parts for DistDGL; reuse an existing valid partitioning unless force=True.
-    `seed` seeds DGL's RNG (the random method's assignment)."""
+    `seed` seeds DGL's RNG (the random method's assignment); `feature_dtype` is the dtype the
+    partitions store (and the servers serve) the node features in."""
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}; valid: {list(METHODS)}")
     if not isinstance(num_parts, int) or num_parts < 1:
         raise ValueError(f"num_parts must be a positive integer, got {num_parts!r}")
-    params = _params(num_parts, method, bool(balance_train), bool(balance_edges), seed)
+    params = _params(num_parts, method, bool(balance_train), bool(balance_edges), seed,
+                     feature_dtype)
     d = partition_dir(name, num_parts, method, root, params["balance_train"],
-                      params["balance_edges"], seed)
+                      params["balance_edges"], seed, feature_dtype)
     meta = read_meta(name, root)
     if meta is not None and not force:  # fast path: no graph load, no lock
         manifest = read_valid_manifest(d, meta["checksum"], params)
@@ -212,6 +232,8 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
     tmp.mkdir(parents=True)
     t0 = time.perf_counter()
     dgl.random.seed(params["seed"] or 0)
+    if "feature_dtype" in params:
+        g.ndata["feat"] = cast_features(g.ndata["feat"], params["feature_dtype"], name)
     log.info("partitioning %s (%d nodes, %d edges) into %d parts with %s ...", name,
              g.num_nodes(), g.num_edges(), num_parts, method)
     # DGL reports progress with print(): keep stdout clean for callers that parse it, and drop
@@ -268,6 +290,9 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
         "ids": IDS_NOTE,
         "num_nodes": int(g.num_nodes()),
         "num_edges": int(g.num_edges()),
+        # what the servers serve: bytes per pulled row = feat_dim x the dtype's size
+        "feature_dtype": str(g.ndata["feat"].dtype).removeprefix("torch."),
+        "feature_row_bytes": int(g.ndata["feat"][:1].numel() * g.ndata["feat"].element_size()),
         "edge_cut": edge_cut,
         "edge_cut_frac": edge_cut / max(1, g.num_edges()),
         "halo_nodes": sum(p["halo_nodes"] for p in parts),
@@ -285,6 +310,19 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
              num_parts, method, seconds, 100 * manifest["edge_cut_frac"],
              [p["halo_nodes"] for p in parts])
     return manifest
+
+
+def cast_features(feat, dtype: str, name: str = "features"):
+    """`feat` cast to `dtype` (round to nearest); ValueError if a finite value does not fit
+    (float16 tops out at 65504) instead of silently serving inf."""
+    import torch
+
+    out = feat.to(getattr(torch, check_feature_dtype(dtype)))
+    bad = torch.isfinite(feat) & ~torch.isfinite(out)
+    if bad.any():
+        raise ValueError(f"{name}: {int(bad.sum())} feature values overflow {dtype} (largest "
+                         f"|value| {float(feat[bad].abs().max()):g}); use float32 or bfloat16")
+    return out
 
 
 def _node_ranges(config: dict[str, Any], num_parts: int) -> list[tuple[int, int]]:
