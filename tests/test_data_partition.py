@@ -191,6 +191,10 @@ def test_feature_dtype_partition_serves_the_cast_rows(root, graph, parts2, dtype
     assert m["feature_dtype"] == dtype
     assert m["feature_row_bytes"] == graph.ndata["feat"].shape[1] * 2
     assert m["files"]["part0/node_feat.dgl"] != parts2.manifest["files"]["part0/node_feat.dgl"]
+    # the same cut as float32 (METIS differs run to run): only the features are cast
+    assert {k: v for k, v in m["files"].items() if "node_feat" not in k} == \
+        {k: v for k, v in parts2.manifest["files"].items() if "node_feat" not in k}
+    assert m["partitions"] == parts2.manifest["partitions"]
     orig = info.orig_nids()
     for p, rec in enumerate(m["partitions"]):
         feats = dgl.data.utils.load_tensors(str(info.dir / f"part{p}" / "node_feat.dgl"))["_N/feat"]
@@ -201,6 +205,31 @@ def test_feature_dtype_partition_serves_the_cast_rows(root, graph, parts2, dtype
     assert P.partition(NAME, 2, root=root, feature_dtype=dtype).reused
     again = P.partition(NAME, 2, root=root)
     assert again.reused and again.dir == parts2.dir
+
+
+def test_cast_partitioning_follows_a_new_float32_cut(tmp_path):
+    """A float16 copy whose structure files no longer match the float32 partitioning's (made
+    from an older cut; METIS cuts differ run to run) is made again from the current one."""
+    import json as _json
+
+    from rudder.data.store import file_sha256
+
+    first = P.partition(NAME, 2, root=tmp_path, feature_dtype="float16")
+    assert not first.reused
+    assert P.partition(NAME, 2, root=tmp_path, feature_dtype="float16").reused
+    # the copy's graph of partition 0 from another cut, its own digest consistent
+    g = first.dir / "part0" / "graph.dgl"
+    other = (first.dir / "part1" / "graph.dgl").read_bytes()
+    g.unlink()  # a hard link to the float32 file: never written through
+    g.write_bytes(other)
+    m = _json.loads((first.dir / "manifest.json").read_text())
+    m["files"]["part0/graph.dgl"] = file_sha256(g)
+    (first.dir / "manifest.json").write_text(_json.dumps(m))
+    again = P.partition(NAME, 2, root=tmp_path, feature_dtype="float16")
+    assert not again.reused
+    base = P.partition(NAME, 2, root=tmp_path)
+    assert base.reused  # the float32 partitioning was left alone
+    assert again.manifest["files"]["part0/graph.dgl"] == base.manifest["files"]["part0/graph.dgl"]
 
 
 def test_feature_dtype_errors(root):

@@ -14,10 +14,12 @@ writes beside DGL's files:
   matches the graph and parameters and whose files match their digests is reused (a file
   verified once and unchanged since, same size and mtime, is not hashed again).
 
-`feature_dtype` (float32, the staged graph's; float16 or bfloat16): the node features are cast
-before partitioning, so the servers hold and serve them in that dtype and every pulled row moves
-half the bytes. It is part of the params (and of the folder name: -f16 / -bf16), so a float32
-and a float16 partitioning never stand in for each other.
+`feature_dtype` (float32, the staged graph's; float16 or bfloat16): the float32 partitioning
+with its node features cast (the same cut, halos and ids: only node_feat.dgl differs, the other
+files are hard links), so the servers hold and serve them in that dtype and every pulled row
+moves half the bytes. The dtype is part of the params (and of the folder name: -f16 / -bf16), so
+a float32 and a float16 partitioning never stand in for each other; a cast partitioning whose
+structure files no longer match the float32 one's is made again.
 """
 from __future__ import annotations
 
@@ -198,6 +200,8 @@ def partition(name: str, num_parts: int, method: str = "metis", balance_train: b
                      feature_dtype)
     d = partition_dir(name, num_parts, method, root, params["balance_train"],
                       params["balance_edges"], seed, feature_dtype)
+    if feature_dtype != "float32":  # the float32 partitioning, its features cast
+        return _cast_partitioning(name, d, params, root, force)
     meta = read_meta(name, root)
     if meta is not None and not force:  # fast path: no graph load, no lock
         manifest = read_valid_manifest(d, meta["checksum"], params)
@@ -220,6 +224,72 @@ def partition(name: str, num_parts: int, method: str = "metis", balance_train: b
     return PartitionInfo(d / manifest["part_config"], manifest, d, reused=False)
 
 
+def _cast_partitioning(name: str, d: Path, params: dict[str, Any], root, force: bool
+                       ) -> PartitionInfo:
+    """The float32 partitioning (made or reused) with only its node features cast: the same
+    nodes, halos and ids (METIS is not reproducible run to run, so partitioning again would
+    compare dtypes on different cuts). Valid while its structure files match the float32 one's."""
+    base_params = {k: v for k, v in params.items() if k != "feature_dtype"}
+    base = partition(name, base_params["num_parts"], base_params["method"],
+                     base_params["balance_train"], base_params["balance_edges"], root,
+                     base_params["seed"] or 0, force)
+    checksum = base.manifest["graph_checksum"]
+
+    def reusable() -> dict[str, Any] | None:
+        m = None if force else read_valid_manifest(d, checksum, params)
+        same = m is not None and all(m["files"].get(k) == v for k, v in base.manifest["files"].items()
+                                     if not k.endswith("node_feat.dgl"))
+        return m if same else None
+
+    manifest = reusable()
+    if manifest is None:
+        with file_lock(d.parent / f".lock-{d.name}"):
+            manifest = reusable() or _write_cast(base, d, params, name)
+            reused = False
+    else:
+        reused = True
+    if reused:
+        log.info("reusing partition %s", d)
+    return PartitionInfo(d / manifest["part_config"], manifest, d, reused=reused)
+
+
+def _write_cast(base: PartitionInfo, d: Path, params: dict[str, Any], name: str
+                ) -> dict[str, Any]:
+    import dgl
+
+    dtype = params["feature_dtype"]
+    for stale in d.parent.glob(d.name + ".tmp*"):  # left by a crashed run (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+    manifest = json.loads(json.dumps(base.manifest))
+    files, row_bytes = manifest["files"], None
+    for rel in files:  # structure files: hard links where the filesystem allows (never edited)
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith("node_feat.dgl"):
+            feats = dgl.data.utils.load_tensors(str(base.dir / rel))
+            keys = [k for k in feats if k.endswith("/feat") or k == "feat"]
+            if not keys:
+                raise RuntimeError(f"{base.dir / rel} holds no node features 'feat'")
+            for key in keys:
+                feats[key] = cast_features(feats[key], dtype, name)
+                row_bytes = feats[key][:1].numel() * feats[key].element_size()
+            dgl.data.utils.save_tensors(str(tmp / rel), feats)
+            files[rel] = file_sha256(tmp / rel)
+            continue
+        try:
+            os.link(base.dir / rel, tmp / rel)
+        except OSError:
+            shutil.copy2(base.dir / rel, tmp / rel)
+    manifest.update(params=params, feature_dtype=dtype, feature_row_bytes=row_bytes,
+                    cast_from=f"{base.dir.name} (float32)",
+                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(d, ignore_errors=True)
+    os.replace(tmp, d)
+    log.info("partition %s: %s with its features cast to %s", d, base.dir.name, dtype)
+    return manifest
+
+
 def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
                    ) -> dict[str, Any]:
     import dgl
@@ -232,8 +302,6 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
     tmp.mkdir(parents=True)
     t0 = time.perf_counter()
     dgl.random.seed(params["seed"] or 0)
-    if "feature_dtype" in params:
-        g.ndata["feat"] = cast_features(g.ndata["feat"], params["feature_dtype"], name)
     log.info("partitioning %s (%d nodes, %d edges) into %d parts with %s ...", name,
              g.num_nodes(), g.num_edges(), num_parts, method)
     # DGL reports progress with print(): keep stdout clean for callers that parse it, and drop
