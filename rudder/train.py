@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     from rudder.config import RunConfig, sample_ahead
+    from rudder.data.partition import served_features
     from rudder.pipeline import MinibatchPipeline
     from rudder.prefetch.metrics import MetricsCollector
     from rudder.prefetch.policies import make_policy
@@ -48,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 4
     part = join_cluster(run["part_config"], tc.seed)
+    # the features in dataset.feature_dtype (bfloat16: stored as int16 bits, viewed back)
+    part.feat = served_features(part.feat, cfg.dataset.feature_dtype)
     policy = make_policy(pc, agent=cfg.agent)
-    feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device,
-                               want_dtype=cfg.dataset.feature_dtype)
+    feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
     train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc)
     classes = int(run.get("num_classes") or 0)
     model, opt = make_model(part, tc, classes, device)
@@ -209,16 +211,12 @@ class InitialFill:
     seconds: float = 0.0
 
 
-def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device,
-                 want_dtype: str = "float32"):
+def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
     """The halo buffer, filled (for policies that use one), behind BufferedFeatures."""
     from rudder.prefetch.buffer import HaloBuffer, choose_initial
     from rudder.prefetch.features import BufferedFeatures
 
     halo, feat = part.halo, part.feat
-    served = str(feat.dtype).removeprefix("torch.")
-    if served != want_dtype:  # a partitioning of another dtype would mislabel every byte count
-        raise RuntimeError(f"the servers hold {served} features, dataset.feature_dtype is {want_dtype}")
     fill = InitialFill(int(pc.prefetch_fraction * halo.numel()))
     buffer = None
     if with_buffer:

@@ -198,9 +198,13 @@ def test_feature_dtype_partition_serves_the_cast_rows(root, graph, parts2, dtype
     orig = info.orig_nids()
     for p, rec in enumerate(m["partitions"]):
         feats = dgl.data.utils.load_tensors(str(info.dir / f"part{p}" / "node_feat.dgl"))["_N/feat"]
-        assert feats.dtype == getattr(torch, dtype)
+        # bfloat16 is stored as its int16 bits (DGL 2.1's servers hold no bfloat16)
+        assert feats.dtype == getattr(torch, P.STORED_AS.get(dtype, dtype))
+        assert m["feature_stored_as"] == P.STORED_AS.get(dtype, dtype)
         want = graph.ndata["feat"][orig[rec["node_range"][0]:rec["node_range"][1]]]
-        assert torch.equal(feats.view(torch.int16), want.to(feats.dtype).view(torch.int16))
+        assert torch.equal(feats.view(torch.int16), want.to(getattr(torch, dtype)).view(torch.int16))
+        seen = P.served_features(feats, dtype)[torch.tensor([0, 2])]  # the trainer's view
+        assert seen.dtype == getattr(torch, dtype) and torch.equal(seen, want[[0, 2]].to(seen.dtype))
     # the same partition asked again is reused; float32 is still the float32 one
     assert P.partition(NAME, 2, root=root, feature_dtype=dtype).reused
     again = P.partition(NAME, 2, root=root)
@@ -234,6 +238,12 @@ def test_cast_partitioning_follows_a_new_float32_cut(tmp_path):
 
 def test_feature_dtype_errors(root):
     import torch
+
+    with pytest.raises(RuntimeError, match="the servers hold float32 features, "
+                                           "dataset.feature_dtype is float16"):
+        P.served_features(torch.zeros(2, 3), "float16")
+    with pytest.raises(RuntimeError, match="hold float16 features, dataset.feature_dtype is bfloat16"):
+        P.served_features(torch.zeros(2, 3, dtype=torch.float16), "bfloat16")
 
     with pytest.raises(ValueError, match="unknown feature dtype 'int8'; valid: float32, float16"):
         P.partition(NAME, 2, root=root, feature_dtype="int8")

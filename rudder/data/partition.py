@@ -65,6 +65,9 @@ class _DropLines(io.TextIOBase):
 METHODS = ("metis", "random")
 # feature dtypes a partitioning may store (name -> folder suffix); float32 is the staged graph's
 FEATURE_DTYPES = {"float32": "", "float16": "-f16", "bfloat16": "-bf16"}
+# DGL 2.1's servers cannot put bfloat16 in shared memory ("Do not know how to handle type
+# bfloat16"): its bits are stored as int16 and viewed back by the trainer (served_features)
+STORED_AS = {"bfloat16": "int16"}
 MANIFEST = "manifest.json"
 ID_MAP = "orig_nids.pt"
 EDGE_ID_MAP = "orig_eids.pt"
@@ -237,8 +240,10 @@ def _cast_partitioning(name: str, d: Path, params: dict[str, Any], root, force: 
 
     def reusable() -> dict[str, Any] | None:
         m = None if force else read_valid_manifest(d, checksum, params)
-        same = m is not None and all(m["files"].get(k) == v for k, v in base.manifest["files"].items()
-                                     if not k.endswith("node_feat.dgl"))
+        dtype = params["feature_dtype"]
+        same = m is not None and m.get("feature_stored_as") == STORED_AS.get(dtype, dtype) and all(
+            m["files"].get(k) == v for k, v in base.manifest["files"].items()
+            if not k.endswith("node_feat.dgl"))
         return m if same else None
 
     manifest = reusable()
@@ -256,6 +261,7 @@ def _cast_partitioning(name: str, d: Path, params: dict[str, Any], root, force: 
 def _write_cast(base: PartitionInfo, d: Path, params: dict[str, Any], name: str
                 ) -> dict[str, Any]:
     import dgl
+    import torch
 
     dtype = params["feature_dtype"]
     for stale in d.parent.glob(d.name + ".tmp*"):  # left by a crashed run (we hold the lock)
@@ -273,6 +279,8 @@ def _write_cast(base: PartitionInfo, d: Path, params: dict[str, Any], name: str
             for key in keys:
                 feats[key] = cast_features(feats[key], dtype, name)
                 row_bytes = feats[key][:1].numel() * feats[key].element_size()
+                if dtype in STORED_AS:  # the same bits in a dtype the servers can hold
+                    feats[key] = feats[key].view(getattr(torch, STORED_AS[dtype]))
             dgl.data.utils.save_tensors(str(tmp / rel), feats)
             files[rel] = file_sha256(tmp / rel)
             continue
@@ -281,6 +289,7 @@ def _write_cast(base: PartitionInfo, d: Path, params: dict[str, Any], name: str
         except OSError:
             shutil.copy2(base.dir / rel, tmp / rel)
     manifest.update(params=params, feature_dtype=dtype, feature_row_bytes=row_bytes,
+                    feature_stored_as=STORED_AS.get(dtype, dtype),
                     cast_from=f"{base.dir.name} (float32)",
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -378,6 +387,33 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
              num_parts, method, seconds, 100 * manifest["edge_cut_frac"],
              [p["halo_nodes"] for p in parts])
     return manifest
+
+
+class FeatureBits:
+    """A DistTensor of features stored as other bits (bfloat16 as int16), seen in its dtype:
+    `feats[ids]` pulls the stored rows (the same bytes) and views them, no copy."""
+
+    def __init__(self, stored, dtype):
+        self.stored, self.dtype = stored, dtype
+        self.shape = stored.shape
+
+    def __getitem__(self, ids):
+        return self.stored[ids].view(self.dtype)
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+
+def served_features(feat, feature_dtype: str):
+    """The trainer's view of the servers' feature tensor for `feature_dtype`: the tensor itself,
+    or (bfloat16 stored as int16) a FeatureBits view; RuntimeError if the servers hold another
+    dtype (a partitioning of another dtype would mislabel every byte count)."""
+    import torch
+
+    served = str(feat.dtype).removeprefix("torch.")
+    if served == STORED_AS.get(feature_dtype, feature_dtype):
+        return FeatureBits(feat, getattr(torch, feature_dtype)) if feature_dtype in STORED_AS else feat
+    raise RuntimeError(f"the servers hold {served} features, dataset.feature_dtype is {feature_dtype}")
 
 
 def cast_features(feat, dtype: str, name: str = "features"):
