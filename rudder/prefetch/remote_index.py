@@ -63,8 +63,8 @@ class RemoteIndex:
                 if pinned is not None:
                     keep |= pinned
                 cand = torch.nonzero((self.ids >= 0) & ~keep).flatten()
-                if priority is not None and cand.numel() > need:
-                    cand = cand[torch.argsort(priority[cand], stable=True)]
+                if priority is not None and cand.numel() > need:  # the `need` lowest, unsorted
+                    cand = cand[torch.topk(priority[cand], need, largest=False, sorted=False).indices]
                 evicted = cand[:need]
                 self.ids[evicted] = -1
                 free = torch.cat([free, evicted])
