@@ -11,9 +11,9 @@ def stage_dataset(name: str, root: str,
 
 
 def partition_graph(name: str, num_parts: int, method: str, balance_train: bool,
-                    balance_edges: bool, root: str, inputs=(),
+                    balance_edges: bool, root: str, feature_dtype: str = "float32", inputs=(),
                     parsl_resource_specification: dict = {}) -> dict:  # noqa: B006
     """Parsl app: partition `name` into `num_parts` (after `inputs`: its stage_dataset)."""
     from rudder.workflow.tasks import partition_graph as part
 
-    return part(name, num_parts, method, balance_train, balance_edges, root)
+    return part(name, num_parts, method, balance_train, balance_edges, root, feature_dtype)

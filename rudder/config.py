@@ -33,6 +33,9 @@ class DatasetConfig(Strict):
     partition_method: Literal["metis", "random"] = "metis"  # metis: few remote nodes, as DistDGL
     balance_train: bool = True  # equal training seeds per partition keeps DDP ranks in step
     balance_edges: bool = True
+    # dtype the partitions store and the servers serve features in (the buffer holds the same;
+    # the model gets float32): float16/bfloat16 halve the bytes of every pulled row
+    feature_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
 
     @field_validator("name")
     @classmethod

@@ -62,7 +62,8 @@ def prepare_data(cfg: RunConfig):
     d = cfg.dataset
     stage(d.name, root=d.root)
     return partition(d.name, cfg.cluster.machines, method=d.partition_method,
-                     balance_train=d.balance_train, balance_edges=d.balance_edges, root=d.root)
+                     balance_train=d.balance_train, balance_edges=d.balance_edges, root=d.root,
+                     feature_dtype=d.feature_dtype)
 
 
 def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = None,

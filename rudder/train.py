@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     from rudder.config import RunConfig, sample_ahead
+    from rudder.data.partition import served_features
     from rudder.pipeline import MinibatchPipeline
     from rudder.prefetch.metrics import MetricsCollector
     from rudder.prefetch.policies import make_policy
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 4
     part = join_cluster(run["part_config"], tc.seed)
+    # the features in dataset.feature_dtype (bfloat16: stored as int16 bits, viewed back)
+    part.feat = served_features(part.feat, cfg.dataset.feature_dtype)
     policy = make_policy(pc, agent=cfg.agent)
     feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
     train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc)
@@ -82,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             # compute: forward, backward (DDP all-reduce: a sync point across trainers), step
             t0 = time.perf_counter()
             labels = mb.labels.long().to(device)
-            logits = model(mb.blocks, mb.feats.to(device))  # DGL blocks -> tensors on the device
+            # DGL blocks -> tensors on the device; rows move in the served dtype (float16/bfloat16:
+            # half the bytes), the model computes in float32 (cast on the device)
+            logits = model(mb.blocks, mb.feats.to(device).float())
             loss = F.cross_entropy(logits, labels)
             opt.zero_grad()
             loss.backward()
@@ -272,6 +277,7 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead, run_dir=str(run_dir),
         extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
                "threads": part.threads, "device": describe(device),
+               "feature_dtype": str(part.feat.dtype).removeprefix("torch."),
                "buffer_bytes": feats.buffer.feat_bytes if feats.buffer is not None else 0},
     )
     policy.setup(ctx)
@@ -340,24 +346,28 @@ class Fault:
 
 class FeatureCheck:
     """--check: rows that differ from a direct pull (counted by the loader), and the first
-    minibatches' inputs, for an independent remote count in tests."""
+    minibatches' inputs, for an independent remote count in tests, with their assembled rows
+    (rows-r<R>.pt: tests compare them with the staged graph's, e.g. cast to float16)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.mismatches = 0
         self.saved: list = []
+        self.rows: list = []
 
     def add(self, mb) -> None:
         if self.enabled:
             self.mismatches += mb.mismatched_rows
             if len(self.saved) < 5:
                 self.saved.append((mb.input_nodes.clone(), mb.stats.remote_rows))
+                self.rows.append((mb.input_nodes.clone(), mb.feats.cpu().clone()))
 
     def save(self, run_dir: Path, rank: int) -> None:
         if self.saved:
             import torch
 
             torch.save(self.saved, run_dir / f"inputs-r{rank}.pt")
+            torch.save(self.rows, run_dir / f"rows-r{rank}.pt")
 
 
 def log_epoch(er) -> None:
@@ -378,7 +388,7 @@ def evaluate(model, loader, feat, labels, device) -> float:
     correct = torch.zeros(2)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader:
-            pred = model.module(blocks, feat[input_nodes].to(device)).argmax(1).cpu()
+            pred = model.module(blocks, feat[input_nodes].to(device).float()).argmax(1).cpu()
             correct[0] += (pred == labels[seeds]).sum()
             correct[1] += seeds.numel()
     torch.distributed.all_reduce(correct)

@@ -175,3 +175,78 @@ def test_cli_partition(root, parts2, capsys):
     assert e.value.code == 2 and "kahip" in capsys.readouterr().err
     assert main(["data", "list", "--root", str(root)]) == 0
     assert "2-metis" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype,suffix", [("float16", "-f16"), ("bfloat16", "-bf16")])
+def test_feature_dtype_partition_serves_the_cast_rows(root, graph, parts2, dtype, suffix):
+    """A float16/bfloat16 partitioning stores exactly the float32 rows cast (round to nearest),
+    lives beside the float32 one and never stands in for it (params, folder, file digests)."""
+    import dgl
+    import torch
+
+    info = P.partition(NAME, 2, root=root, feature_dtype=dtype)
+    assert info.dir.name == f"2-metis{suffix}" and info.dir != parts2.dir
+    m = info.manifest
+    assert m["params"]["feature_dtype"] == dtype and "feature_dtype" not in parts2.manifest["params"]
+    assert m["feature_dtype"] == dtype
+    assert m["feature_row_bytes"] == graph.ndata["feat"].shape[1] * 2
+    assert m["files"]["part0/node_feat.dgl"] != parts2.manifest["files"]["part0/node_feat.dgl"]
+    # the same cut as float32 (METIS differs run to run): only the features are cast
+    assert {k: v for k, v in m["files"].items() if "node_feat" not in k} == \
+        {k: v for k, v in parts2.manifest["files"].items() if "node_feat" not in k}
+    assert m["partitions"] == parts2.manifest["partitions"]
+    orig = info.orig_nids()
+    for p, rec in enumerate(m["partitions"]):
+        feats = dgl.data.utils.load_tensors(str(info.dir / f"part{p}" / "node_feat.dgl"))["_N/feat"]
+        # bfloat16 is stored as its int16 bits (DGL 2.1's servers hold no bfloat16)
+        assert feats.dtype == getattr(torch, P.STORED_AS.get(dtype, dtype))
+        assert m["feature_stored_as"] == P.STORED_AS.get(dtype, dtype)
+        want = graph.ndata["feat"][orig[rec["node_range"][0]:rec["node_range"][1]]]
+        assert torch.equal(feats.view(torch.int16), want.to(getattr(torch, dtype)).view(torch.int16))
+        seen = P.served_features(feats, dtype)[torch.tensor([0, 2])]  # the trainer's view
+        assert seen.dtype == getattr(torch, dtype) and torch.equal(seen, want[[0, 2]].to(seen.dtype))
+    # the same partition asked again is reused; float32 is still the float32 one
+    assert P.partition(NAME, 2, root=root, feature_dtype=dtype).reused
+    again = P.partition(NAME, 2, root=root)
+    assert again.reused and again.dir == parts2.dir
+
+
+def test_cast_partitioning_follows_a_new_float32_cut(tmp_path):
+    """A float16 copy whose structure files no longer match the float32 partitioning's (made
+    from an older cut; METIS cuts differ run to run) is made again from the current one."""
+    import json as _json
+
+    from rudder.data.store import file_sha256
+
+    first = P.partition(NAME, 2, root=tmp_path, feature_dtype="float16")
+    assert not first.reused
+    assert P.partition(NAME, 2, root=tmp_path, feature_dtype="float16").reused
+    # the copy's graph of partition 0 from another cut, its own digest consistent
+    g = first.dir / "part0" / "graph.dgl"
+    other = (first.dir / "part1" / "graph.dgl").read_bytes()
+    g.unlink()  # a hard link to the float32 file: never written through
+    g.write_bytes(other)
+    m = _json.loads((first.dir / "manifest.json").read_text())
+    m["files"]["part0/graph.dgl"] = file_sha256(g)
+    (first.dir / "manifest.json").write_text(_json.dumps(m))
+    again = P.partition(NAME, 2, root=tmp_path, feature_dtype="float16")
+    assert not again.reused
+    base = P.partition(NAME, 2, root=tmp_path)
+    assert base.reused  # the float32 partitioning was left alone
+    assert again.manifest["files"]["part0/graph.dgl"] == base.manifest["files"]["part0/graph.dgl"]
+
+
+def test_feature_dtype_errors(root):
+    import torch
+
+    with pytest.raises(RuntimeError, match="the servers hold float32 features, "
+                                           "dataset.feature_dtype is float16"):
+        P.served_features(torch.zeros(2, 3), "float16")
+    with pytest.raises(RuntimeError, match="hold float16 features, dataset.feature_dtype is bfloat16"):
+        P.served_features(torch.zeros(2, 3, dtype=torch.float16), "bfloat16")
+
+    with pytest.raises(ValueError, match="unknown feature dtype 'int8'; valid: float32, float16"):
+        P.partition(NAME, 2, root=root, feature_dtype="int8")
+    with pytest.raises(ValueError, match=r"2 feature values overflow float16 .*\| 70000\)"):
+        P.cast_features(torch.tensor([[1.0, 7e4], [-7e4, 2.0]]), "float16")
+    assert P.cast_features(torch.tensor([[7e4]]), "bfloat16").dtype == torch.bfloat16

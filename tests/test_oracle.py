@@ -223,11 +223,21 @@ def test_oracle_cli(tmp_path, capsys):
     assert out["hits_fraction_of_all_remote"] == pytest.approx(sim.total("hits") / alln.total_hits)
     assert out["halo_nodes"] == 100 and out["remote_nodes"] == np.union1d(t.halo, t.ids).size
     text = capsys.readouterr().out
-    assert "halo hit%" in text and "all hit%" in text and "Belady, all remote nodes" in text
+    # one line per optimum, each named, the yardstick (all remote nodes) first, with its
+    # hits, fetched rows and the run's share of them
+    lines = [ln.split() for ln in text.splitlines() if ln.startswith("  Belady, ")]
+    assert [ln[:4] for ln in lines] == [["Belady,", "all", "remote", "nodes"],
+                                        ["Belady,", "halo", "only"] + lines[1][3:4]]
+    a_cells, h_cells = lines[0][4:], lines[1][3:]
+    assert a_cells[1:] == [f"{alln.total_hits:,}", f"{alln.misses:,}",
+                           f"{sim.total('hits') / alln.total_hits:.3f}",
+                           f"{sim.total('fetched_rows') / alln.misses:.3f}"]
+    assert h_cells[1:3] == [f"{opt.total_hits:,}", f"{opt.misses:,}"]
+    assert "the yardstick" in text and "capacity 25 rows (0.25 of the 100 halo nodes" in text
 
 
 def test_oracle_cli_reports_the_two_optima_apart(tmp_path):
-    from rudder.sim.oracle_cli import compare_run
+    from rudder.sim.oracle_cli import compare_run, format_table
 
     t = reused_two_hop()
     t.save(tmp_path / "trace-r0.npz")
@@ -237,6 +247,10 @@ def test_oracle_cli_reports_the_two_optima_apart(tmp_path):
     assert res["run"] is None and res["hits_fraction_of_all_remote"] is None
     assert (res["halo_nodes"], res["remote_nodes"]) == (2, 3)
     assert res["capacity_fraction_of_halo"] == 0.5 and res["capacity_fraction_of_remote_nodes"] == 1 / 3
+    rows = {ln[2:28].strip(): ln[28:].split() for ln in format_table([res]).splitlines()
+            if ln.startswith("  Belady, ")}
+    assert rows["Belady, all remote nodes"][1:3] == ["3", "4"]  # hits, fetched rows
+    assert rows["Belady, halo only"][1:3] == ["1", "6"]
 
 
 def test_oracle_cli_errors(tmp_path):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rudder.sim.oracle import belady
-from rudder.results.report import (PLOTS, decisions_figure, hit_rate_figure, hit_rate_series,
-                                   savings_figure, write_report)
+from rudder.results.report import (PLOTS, belady_rows_ratio, decisions_figure, hit_rate_figure,
+                                   hit_rate_series, savings_figure, write_report)
 from rudder.results.optimum import versus_belady
 from rudder.results.queries import run_named
 from rudder.results.store import ResultsStore
@@ -90,13 +90,43 @@ def test_answer_numbers_come_from_the_database(study_db):
     assert "**In short:**" in answer(text)
 
 
-def test_answer_compares_each_run_with_belady_on_its_trace(study_db):
+def test_answer_compares_each_run_with_both_beladys_on_its_trace(study_db):
+    """The yardstick is Belady over all remote nodes (the traces hold ids 400-499 outside the
+    halo 0-399, so it differs from the halo-only one, shown beside it)."""
     _, db, root, text = study_db
     with ResultsStore(db, read_only=True) as st:
-        hits = st.scalar("SELECT sum(hits) FROM minibatches WHERE run_id = 'lookahead-4'")
-    opt = sum(belady(Trace.load(p)).total_hits for p in (root / "lookahead-4").glob("trace-r*"))
-    assert f"{hits / opt:.2f} of Belady's hits" in policy_line(text, 4, "lookahead")
-    assert "Belady's optimum would fetch" in answer(text)
+        hits, fetched = st.query("SELECT sum(hits), sum(fetched_rows) FROM minibatches "
+                                 "WHERE run_id = 'lookahead-4'").iloc[0]
+    traces = [Trace.load(p) for p in (root / "lookahead-4").glob("trace-r*")]
+    halo = [belady(t) for t in traces]
+    full = [belady(t, universe="all") for t in traces]
+    all_hits, halo_hits = sum(b.total_hits for b in full), sum(b.total_hits for b in halo)
+    assert all_hits > halo_hits  # the two differ here, so the test tells them apart
+    line = policy_line(text, 4, "lookahead")
+    assert (f"{hits / all_hits:.2f} of the hits of Belady, all remote nodes and "
+            f"{fetched / sum(b.misses for b in full):.2f}× its rows (Belady, halo only: "
+            f"{hits / halo_hits:.2f} of its hits, {fetched / sum(b.misses for b in halo):.2f}× "
+            "its rows)") in line, line
+    assert "Belady's optimum (Belady, all remote nodes) would fetch" in answer(text)
+    assert "(Belady, halo only: " in answer(text)
+
+
+def test_versus_belady_has_both_universes_per_run(study_db):
+    _, db, root, _ = study_db
+    with ResultsStore(db, read_only=True) as st:
+        bel, steps, missing = versus_belady(st, "s")
+    assert not missing and len(bel) == 8
+    for run in bel.itertuples():
+        traces = [Trace.load(p) for p in (root / run.run_id).glob("trace-r*")]
+        assert run.belady_all_hits == sum(belady(t, universe="all").total_hits for t in traces)
+        assert run.belady_halo_hits == sum(belady(t).total_hits for t in traces)
+        assert run.belady_all_fetched == sum(belady(t, universe="all").misses for t in traces)
+        assert run.belady_halo_fetched == sum(belady(t).misses for t in traces)
+        assert run.hits_of_belady_all == pytest.approx(run.hits / run.belady_all_hits)
+        # a larger universe at the same memory: never more rows fetched
+        assert run.belady_all_fetched <= run.belady_halo_fetched
+    per_run = steps.groupby("run_id")[["belady_all_hits", "belady_halo_hits"]].sum()
+    assert (per_run["belady_all_hits"] == bel.set_index("run_id")["belady_all_hits"]).all()
 
 
 def test_answer_says_what_the_agent_decided_and_why(study_db):
@@ -137,7 +167,13 @@ def test_savings_figure_shows_ratios_per_policy_and_machines(study_db):
     labels = rows_ax.get_legend_handles_labels()[1]
     assert [x for x in labels if x in ("static", "lookahead", "agent")] == \
         ["static", "lookahead", "agent"]
-    assert "Belady's optimum" in labels and "DistDGL (none) = 1" in labels
+    assert "Belady, all remote nodes" in labels and "Belady, halo only" in labels
+    assert "DistDGL (none) = 1" in labels
+    # the yardstick's mark sits at its rows over none's, below (or at) the halo-only one's
+    marks = {c.get_label(): c.get_segments() for c in rows_ax.collections if c.get_label()}
+    y_all = marks["Belady, all remote nodes"][0][0][1]
+    assert y_all == pytest.approx(belady_rows_ratio(bel, "synth-small", 2, "all"))
+    assert y_all <= marks["Belady, halo only"][0][0][1]
     assert "features-free bound" in epoch_ax.get_legend_handles_labels()[1]
     bars = {c.get_label(): [p.get_height() for p in c.patches] for c in rows_ax.containers}
     want = vs[vs["policy"] == "static"].sort_values("machines")["rows_ratio"].tolist()
@@ -156,9 +192,11 @@ def test_hit_rate_figure_has_belady_beside_each_policy(study_db):
         assert f"{m} machines" in ax.get_title()
         assert ax.get_ylabel().startswith("%-hits") and "minibatch" in ax.get_xlabel()
         names = [ln.get_label() for ln in ax.get_lines()]
-        assert names == ["static", "lookahead", "agent", "Belady's optimum"]
-        ys = ax.get_lines()[-1].get_ydata()
-        assert np.all((ys >= 0) & (ys <= 100))
+        assert names == ["static", "lookahead", "agent", "Belady, all remote nodes",
+                         "Belady, halo only"]
+        y_all, y_halo = (ln.get_ydata() for ln in ax.get_lines()[-2:])
+        assert np.all((y_all >= 0) & (y_all <= 100))
+        assert not np.allclose(y_all, y_halo)  # two curves, not one drawn twice
 
 
 def test_hit_rate_figure_of_a_replay_without_a_machine_count(study_db):

@@ -48,7 +48,7 @@ class Recorder:
         time.sleep(self.sleep)
         return {"dataset": name}
 
-    def partition(self, name, parts, method, bt, be, root, inputs=(),
+    def partition(self, name, parts, method, bt, be, root, feature_dtype="float32", inputs=(),
                   parsl_resource_specification={}):
         self._log("partition", (name, parts))
         time.sleep(self.sleep)

@@ -113,6 +113,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--no-balance-edges", dest="balance_edges", action="store_false",
                    help="do not balance edges across partitions")
     t.add_argument("--seed", type=int, default=0, help="seed of DGL's RNG (random method)")
+    t.add_argument("--feature-dtype", choices=["float32", "float16", "bfloat16"],
+                   default="float32", help="dtype the partitions store (and serve) features in")
     t.add_argument("--force", action="store_true", help="repartition even if valid")
     common(t)
     t.set_defaults(func=cmd_partition)
@@ -181,7 +183,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     info = partition(args.name, args.parts, method=args.method,
                      balance_train=args.balance_train, balance_edges=args.balance_edges,
-                     root=args.root, seed=args.seed, force=args.force)
+                     root=args.root, seed=args.seed, force=args.force,
+                     feature_dtype=args.feature_dtype)
     m = info.manifest
     log.info("%s %s: edge cut %.1f%%; per partition owned/halo: %s", info.dir,
              "reused" if info.reused else "written", 100 * m["edge_cut_frac"],

@@ -13,6 +13,13 @@ writes beside DGL's files:
   and edge cut, and the sha256 of every file of the partitioning. A partitioning whose manifest
   matches the graph and parameters and whose files match their digests is reused (a file
   verified once and unchanged since, same size and mtime, is not hashed again).
+
+`feature_dtype` (float32, the staged graph's; float16 or bfloat16): the float32 partitioning
+with its node features cast (the same cut, halos and ids: only node_feat.dgl differs, the other
+files are hard links), so the servers hold and serve them in that dtype and every pulled row
+moves half the bytes. The dtype is part of the params (and of the folder name: -f16 / -bf16), so
+a float32 and a float16 partitioning never stand in for each other; a cast partitioning whose
+structure files no longer match the float32 one's is made again.
 """
 from __future__ import annotations
 
@@ -56,6 +63,11 @@ class _DropLines(io.TextIOBase):
         self.out.flush()
 
 METHODS = ("metis", "random")
+# feature dtypes a partitioning may store (name -> folder suffix); float32 is the staged graph's
+FEATURE_DTYPES = {"float32": "", "float16": "-f16", "bfloat16": "-bf16"}
+# DGL 2.1's servers cannot put bfloat16 in shared memory ("Do not know how to handle type
+# bfloat16"): its bits are stored as int16 and viewed back by the trainer (served_features)
+STORED_AS = {"bfloat16": "int16"}
 MANIFEST = "manifest.json"
 ID_MAP = "orig_nids.pt"
 EDGE_ID_MAP = "orig_eids.pt"
@@ -101,11 +113,11 @@ class PartitionInfo:
 
 
 def partition_dir(name: str, num_parts: int, method: str, root: str | os.PathLike = "data",
-                  balance_train: bool = True, balance_edges: bool = True, seed: int = 0
-                  ) -> Path:
+                  balance_train: bool = True, balance_edges: bool = True, seed: int = 0,
+                  feature_dtype: str = "float32") -> Path:
     """`<root>/<name>/parts/<P>-<method>`, with a suffix for each non-default choice
-    (-nobaltrain, -nobaledges, -seed<N> for the random method) so variants do not overwrite
-    each other."""
+    (-nobaltrain, -nobaledges, -seed<N> for the random method, -f16 / -bf16 for the feature
+    dtype) so variants do not overwrite each other."""
     tag = f"{num_parts}-{method}"
     if not balance_train:
         tag += "-nobaltrain"
@@ -113,15 +125,26 @@ def partition_dir(name: str, num_parts: int, method: str, root: str | os.PathLik
         tag += "-nobaledges"
     if method == "random" and seed != 0:
         tag += f"-seed{seed}"
+    tag += FEATURE_DTYPES[check_feature_dtype(feature_dtype)]
     return dataset_dir(name, root) / "parts" / tag
 
 
+def check_feature_dtype(name: str) -> str:
+    if name not in FEATURE_DTYPES:
+        raise ValueError(f"unknown feature dtype {name!r}; valid: {', '.join(FEATURE_DTYPES)}")
+    return name
+
+
 def _params(num_parts: int, method: str, balance_train: bool, balance_edges: bool,
-            seed: int) -> dict[str, Any]:
+            seed: int, feature_dtype: str = "float32") -> dict[str, Any]:
     # METIS is deterministic: its seed is recorded as None so any seed reuses one partitioning.
-    return {"num_parts": num_parts, "method": method, "balance_train": balance_train,
-            "balance_edges": balance_edges, "num_hops": 1,
-            "seed": seed if method == "random" else None}
+    params = {"num_parts": num_parts, "method": method, "balance_train": balance_train,
+              "balance_edges": balance_edges, "num_hops": 1,
+              "seed": seed if method == "random" else None}
+    # only a cast is recorded: float32 manifests made before the option stay valid
+    if check_feature_dtype(feature_dtype) != "float32":
+        params["feature_dtype"] = feature_dtype
+    return params
 
 
 def _expected_files(d: Path, manifest: dict[str, Any]) -> list[Path]:
@@ -167,17 +190,21 @@ def read_valid_manifest(d: Path, checksum: str, params: dict[str, Any]
 
 def partition(name: str, num_parts: int, method: str = "metis", balance_train: bool = True,
               balance_edges: bool = True, root: str | os.PathLike = "data", seed: int = 0,
-              force: bool = False) -> PartitionInfo:
+              force: bool = False, feature_dtype: str = "float32") -> PartitionInfo:
     """Partition dataset `name` (staged, or a synthetic preset, staged on demand) into
     `num_parts` parts for DistDGL; reuse an existing valid partitioning unless force=True.
-    `seed` seeds DGL's RNG (the random method's assignment)."""
+    `seed` seeds DGL's RNG (the random method's assignment); `feature_dtype` is the dtype the
+    partitions store (and the servers serve) the node features in."""
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}; valid: {list(METHODS)}")
     if not isinstance(num_parts, int) or num_parts < 1:
         raise ValueError(f"num_parts must be a positive integer, got {num_parts!r}")
-    params = _params(num_parts, method, bool(balance_train), bool(balance_edges), seed)
+    params = _params(num_parts, method, bool(balance_train), bool(balance_edges), seed,
+                     feature_dtype)
     d = partition_dir(name, num_parts, method, root, params["balance_train"],
-                      params["balance_edges"], seed)
+                      params["balance_edges"], seed, feature_dtype)
+    if feature_dtype != "float32":  # the float32 partitioning, its features cast
+        return _cast_partitioning(name, d, params, root, force)
     meta = read_meta(name, root)
     if meta is not None and not force:  # fast path: no graph load, no lock
         manifest = read_valid_manifest(d, meta["checksum"], params)
@@ -198,6 +225,78 @@ def partition(name: str, num_parts: int, method: str = "metis", balance_train: b
                 return PartitionInfo(d / manifest["part_config"], manifest, d, reused=True)
         manifest = _run_partition(g, name, d, params, meta["checksum"])
     return PartitionInfo(d / manifest["part_config"], manifest, d, reused=False)
+
+
+def _cast_partitioning(name: str, d: Path, params: dict[str, Any], root, force: bool
+                       ) -> PartitionInfo:
+    """The float32 partitioning (made or reused) with only its node features cast: the same
+    nodes, halos and ids (METIS is not reproducible run to run, so partitioning again would
+    compare dtypes on different cuts). Valid while its structure files match the float32 one's."""
+    base_params = {k: v for k, v in params.items() if k != "feature_dtype"}
+    base = partition(name, base_params["num_parts"], base_params["method"],
+                     base_params["balance_train"], base_params["balance_edges"], root,
+                     base_params["seed"] or 0, force)
+    checksum = base.manifest["graph_checksum"]
+
+    def reusable() -> dict[str, Any] | None:
+        m = None if force else read_valid_manifest(d, checksum, params)
+        dtype = params["feature_dtype"]
+        same = m is not None and m.get("feature_stored_as") == STORED_AS.get(dtype, dtype) and all(
+            m["files"].get(k) == v for k, v in base.manifest["files"].items()
+            if not k.endswith("node_feat.dgl"))
+        return m if same else None
+
+    manifest = reusable()
+    if manifest is None:
+        with file_lock(d.parent / f".lock-{d.name}"):
+            manifest = reusable() or _write_cast(base, d, params, name)
+            reused = False
+    else:
+        reused = True
+    if reused:
+        log.info("reusing partition %s", d)
+    return PartitionInfo(d / manifest["part_config"], manifest, d, reused=reused)
+
+
+def _write_cast(base: PartitionInfo, d: Path, params: dict[str, Any], name: str
+                ) -> dict[str, Any]:
+    import dgl
+    import torch
+
+    dtype = params["feature_dtype"]
+    for stale in d.parent.glob(d.name + ".tmp*"):  # left by a crashed run (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+    manifest = json.loads(json.dumps(base.manifest))
+    files, row_bytes = manifest["files"], None
+    for rel in files:  # structure files: hard links where the filesystem allows (never edited)
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith("node_feat.dgl"):
+            feats = dgl.data.utils.load_tensors(str(base.dir / rel))
+            keys = [k for k in feats if k.endswith("/feat") or k == "feat"]
+            if not keys:
+                raise RuntimeError(f"{base.dir / rel} holds no node features 'feat'")
+            for key in keys:
+                feats[key] = cast_features(feats[key], dtype, name)
+                row_bytes = feats[key][:1].numel() * feats[key].element_size()
+                if dtype in STORED_AS:  # the same bits in a dtype the servers can hold
+                    feats[key] = feats[key].view(getattr(torch, STORED_AS[dtype]))
+            dgl.data.utils.save_tensors(str(tmp / rel), feats)
+            files[rel] = file_sha256(tmp / rel)
+            continue
+        try:
+            os.link(base.dir / rel, tmp / rel)
+        except OSError:
+            shutil.copy2(base.dir / rel, tmp / rel)
+    manifest.update(params=params, feature_dtype=dtype, feature_row_bytes=row_bytes,
+                    feature_stored_as=STORED_AS.get(dtype, dtype),
+                    cast_from=f"{base.dir.name} (float32)",
+                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(d, ignore_errors=True)
+    os.replace(tmp, d)
+    log.info("partition %s: %s with its features cast to %s", d, base.dir.name, dtype)
+    return manifest
 
 
 def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
@@ -268,6 +367,9 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
         "ids": IDS_NOTE,
         "num_nodes": int(g.num_nodes()),
         "num_edges": int(g.num_edges()),
+        # what the servers serve: bytes per pulled row = feat_dim x the dtype's size
+        "feature_dtype": str(g.ndata["feat"].dtype).removeprefix("torch."),
+        "feature_row_bytes": int(g.ndata["feat"][:1].numel() * g.ndata["feat"].element_size()),
         "edge_cut": edge_cut,
         "edge_cut_frac": edge_cut / max(1, g.num_edges()),
         "halo_nodes": sum(p["halo_nodes"] for p in parts),
@@ -285,6 +387,46 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
              num_parts, method, seconds, 100 * manifest["edge_cut_frac"],
              [p["halo_nodes"] for p in parts])
     return manifest
+
+
+class FeatureBits:
+    """A DistTensor of features stored as other bits (bfloat16 as int16), seen in its dtype:
+    `feats[ids]` pulls the stored rows (the same bytes) and views them, no copy."""
+
+    def __init__(self, stored, dtype):
+        self.stored, self.dtype = stored, dtype
+        self.shape = stored.shape
+
+    def __getitem__(self, ids):
+        return self.stored[ids].view(self.dtype)
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+
+def served_features(feat, feature_dtype: str):
+    """The trainer's view of the servers' feature tensor for `feature_dtype`: the tensor itself,
+    or (bfloat16 stored as int16) a FeatureBits view; RuntimeError if the servers hold another
+    dtype (a partitioning of another dtype would mislabel every byte count)."""
+    import torch
+
+    served = str(feat.dtype).removeprefix("torch.")
+    if served == STORED_AS.get(feature_dtype, feature_dtype):
+        return FeatureBits(feat, getattr(torch, feature_dtype)) if feature_dtype in STORED_AS else feat
+    raise RuntimeError(f"the servers hold {served} features, dataset.feature_dtype is {feature_dtype}")
+
+
+def cast_features(feat, dtype: str, name: str = "features"):
+    """`feat` cast to `dtype` (round to nearest); ValueError if a finite value does not fit
+    (float16 tops out at 65504) instead of silently serving inf."""
+    import torch
+
+    out = feat.to(getattr(torch, check_feature_dtype(dtype)))
+    bad = torch.isfinite(feat) & ~torch.isfinite(out)
+    if bad.any():
+        raise ValueError(f"{name}: {int(bad.sum())} feature values overflow {dtype} (largest "
+                         f"|value| {float(feat[bad].abs().max()):g}); use float32 or bfloat16")
+    return out
 
 
 def _node_ranges(config: dict[str, Any], num_parts: int) -> list[tuple[int, int]]:

@@ -6,14 +6,16 @@ the data, then plots, then the detailed tables.
                    optimum and to the features-free pipeline bound; what the agent decided and
                    why), then the plots and the named queries as tables
     savings.png    rows fetched and epoch time as a share of `none`, per policy and machine
-                   count, with Belady's rows and the features-free bound marked
-    hit_rate.png   %-hits over training per policy against Belady's, one panel per
+                   count, with both Belady's rows and the features-free bound marked
+    hit_rate.png   %-hits over training per policy against both Belady's, one panel per
                    (dataset, machines)
     decisions.png  each agent run's hit rate over training with its decisions on that timeline
                    (replace / keep / fallback) and their reasons
 
 Belady's optimum is replayed from the runs' traces (rudder.results.optimum), so it needs the run
-directories; without them the report says so and leaves it out. The figures are built by
+directories; without them the report says so and leaves it out. The yardstick is "Belady, all
+remote nodes" (any remote node the trainer pulled may be kept, at the run's buffer memory);
+"Belady, halo only" (the 1-hop halo, what today's buffer can hold) is shown beside it. The figures are built by
 functions that return matplotlib Figures (tests read their series and labels), drawn with the
 Agg canvas directly (no pyplot), so importing this module changes no global backend.
 """
@@ -29,6 +31,7 @@ import pandas as pd
 
 from rudder.results.queries import NAMED, run_named, runs_relation
 from rudder.results.store import ResultsStore
+from rudder.sim.oracle import NAMES as BELADY  # all: the yardstick; halo: beside it
 
 PLOTS = ("savings.png", "hit_rate.png", "decisions.png")
 OLD_PLOTS = ("epoch_time.png", "remote_rows.png")  # earlier reports' plots: removed
@@ -96,11 +99,15 @@ def write_report(db_path: str | Path = "results.duckdb", out_dir: str | Path = "
            NAMED["vs_none"].description + ".", ""]
     md += [_md_table(vs) if not vs.empty else "No complete runs with epoch records.", ""]
     if not bel_runs.empty:
-        cols = ["run_id", "machines", "policy", "hits", "belady_hits", "hits_of_belady",
-                "fetched_rows", "belady_fetched", "fetched_over_belady"]
-        md += ["Per run against Belady's optimum (demand fetch, the run's capacity and initial "
-               "fill, replayed on its own trace; `rudder oracle RUN_DIR` gives the same per "
-               "rank):", "", _md_table(bel_runs[cols]), ""]
+        cols = ["run_id", "machines", "policy", "hits", "belady_all_hits", "hits_of_belady_all",
+                "belady_halo_hits", "hits_of_belady_halo", "fetched_rows", "belady_all_fetched",
+                "fetched_over_belady_all", "belady_halo_fetched", "fetched_over_belady_halo"]
+        md += ["Per run against Belady's optimum (demand fetch, the run's capacity in rows and "
+               "initial fill, replayed on its own trace; `rudder oracle RUN_DIR` gives the same "
+               f"per rank): `belady_all_*` = {BELADY['all']} (the yardstick: any remote node "
+               f"the trainer pulled may be kept), `belady_halo_*` = {BELADY['halo']} (1-hop "
+               "halo nodes only, what the buffer holds today):", "",
+               _md_table(bel_runs[cols]), ""]
     for name, title in (("speedup", "Epoch time"), ("remote_rows", "Remote rows fetched"),
                         ("hit_rate", "Hit rate")):
         df = tables[name]
@@ -130,28 +137,39 @@ def _x(v) -> str:
     return "–" if v is None or pd.isna(v) else f"{float(v):.2f}×"
 
 
+def _r(v) -> str:
+    return "–" if v is None or pd.isna(v) else f"{float(v):.2f}"
+
+
 def _policies(df: pd.DataFrame) -> list[str]:
     present = list(dict.fromkeys(df["policy"]))
     return [p for p in POLICY_ORDER if p in present] + \
         sorted(p for p in present if p not in POLICY_ORDER)
 
 
+_BELADY_SUMS = ["belady_all_hits", "belady_all_fetched", "belady_halo_hits",
+                "belady_halo_fetched"]
+
+
 def _belady_by_point(bel_runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, machines, policy): hits of Belady's, fetched over Belady's (pooled)."""
+    """Per (dataset, machines, policy), pooled: hits_of_belady_<u> and fetched_over_belady_<u>
+    for u = all (the yardstick) and halo."""
+    from rudder.results.optimum import add_ratios
+
     if bel_runs.empty:
-        return pd.DataFrame(columns=["dataset", "machines", "policy", "hits_of_belady",
-                                     "fetched_over_belady", "belady_fetched"])
+        return pd.DataFrame(columns=["dataset", "machines", "policy", *_BELADY_SUMS,
+                                     *(f"{r}_{u}" for u in ("all", "halo")
+                                       for r in ("hits_of_belady", "fetched_over_belady"))])
     g = bel_runs.groupby(["dataset", "machines", "policy"], as_index=False)[
-        ["hits", "belady_hits", "fetched_rows", "belady_fetched"]].sum()
-    g["hits_of_belady"] = g["hits"] / g["belady_hits"].where(g["belady_hits"] > 0)
-    g["fetched_over_belady"] = g["fetched_rows"] / g["belady_fetched"].where(
-        g["belady_fetched"] > 0)
-    return g
+        ["hits", "fetched_rows", *_BELADY_SUMS]].sum()
+    return add_ratios(g)
 
 
-def belady_rows_ratio(bel_runs: pd.DataFrame, dataset, machines) -> float | None:
-    """Rows Belady fetches as a share of what `none` fetched, at one grid point (runs that
-    did not fetch as `none` did are compared on their own trace: the same minibatches)."""
+def belady_rows_ratio(bel_runs: pd.DataFrame, dataset, machines,
+                      universe: str = "all") -> float | None:
+    """Rows Belady (`all`: all remote nodes, the yardstick; `halo`: halo only) fetches as a
+    share of what `none` fetched, at one grid point (runs that did not fetch as `none` did are
+    compared on their own trace: the same minibatches)."""
     part = bel_runs[(bel_runs["dataset"] == dataset) & (bel_runs["machines"] == machines)]
     none = part[part["policy"] == "none"]
     if none.empty or not none["fetched_rows"].sum():
@@ -159,8 +177,8 @@ def belady_rows_ratio(bel_runs: pd.DataFrame, dataset, machines) -> float | None
     buffered = part[part["policy"] != "none"]
     src = buffered if not buffered.empty else none
     # Belady at the buffer's capacity and fill, on the same minibatches none fetched
-    return float(src["belady_fetched"].sum() / len(src) / (none["fetched_rows"].sum()
-                                                              / len(none)))
+    return float(src[f"belady_{universe}_fetched"].sum() / len(src)
+                 / (none["fetched_rows"].sum() / len(none)))
 
 
 def answer_lines(vs: pd.DataFrame, bel_runs: pd.DataFrame, decisions: pd.DataFrame,
@@ -201,9 +219,12 @@ def answer_lines(vs: pd.DataFrame, bel_runs: pd.DataFrame, decisions: pd.DataFra
             row = part[part["policy"] == pol].iloc[0]
             b = bel[(bel["dataset"] == ds) & (bel["machines"] == m) & (bel["policy"] == pol)]
             vs_bel = ""
-            if not b.empty and pd.notna(b.iloc[0].hits_of_belady):
-                vs_bel = (f"; {b.iloc[0].hits_of_belady:.2f} of Belady's hits, "
-                          f"{_x(b.iloc[0].fetched_over_belady)} Belady's rows")
+            if not b.empty and pd.notna(b.iloc[0].hits_of_belady_all):
+                o = b.iloc[0]
+                vs_bel = (f"; {o.hits_of_belady_all:.2f} of the hits of {BELADY['all']} and "
+                          f"{_x(o.fetched_over_belady_all)} its rows ({BELADY['halo']}: "
+                          f"{_r(o.hits_of_belady_halo)} of its hits, "
+                          f"{_x(o.fetched_over_belady_halo)} its rows)")
             bound = (f"; epoch {_x(row.epoch_over_bound)} the features-free bound"
                      if pd.notna(row.epoch_over_bound) else "")
             verdict = ("faster" if row.epoch_ratio < 0.97 else
@@ -214,7 +235,9 @@ def answer_lines(vs: pd.DataFrame, bel_runs: pd.DataFrame, decisions: pd.DataFra
         ratio = belady_rows_ratio(bel_runs, ds, m) if not bel_runs.empty else None
         opt = []
         if ratio is not None:
-            opt.append(f"Belady's optimum would fetch {_x(ratio)} the rows of `none`")
+            halo = belady_rows_ratio(bel_runs, ds, m, "halo")
+            opt.append(f"Belady's optimum ({BELADY['all']}) would fetch {_x(ratio)} the rows "
+                       f"of `none` ({BELADY['halo']}: {_x(halo)})")
         if n.bound_s and n.epoch_s:
             opt.append(f"the features-free bound is {_x(n.bound_s / n.epoch_s)} its epoch time")
         if opt:
@@ -356,7 +379,8 @@ def save(fig, path: Path) -> None:
 
 def savings_figure(vs: pd.DataFrame, bel_runs: pd.DataFrame):
     """Two panels per dataset: rows fetched / none and epoch time / none, bars per policy in
-    groups by machine count; black marks: Belady's rows (left), the features-free bound (right)."""
+    groups by machine count; marks: Belady's rows (left: all remote nodes, black dashed, the
+    yardstick; halo only, grey dotted), the features-free bound (right)."""
     datasets = list(dict.fromkeys(vs["dataset"]))
     fig, axes = _figure(len(datasets), 2, 5.6, 4.0)
     for row, ds in zip(axes, datasets):
@@ -379,20 +403,22 @@ def savings_figure(vs: pd.DataFrame, bel_runs: pd.DataFrame):
                     if not math.isnan(y):
                         ax.annotate(f"{y:.2f}", (rect.get_x() + rect.get_width() / 2, y),
                                     ha="center", va="bottom", fontsize=7)
-            label_done = False
+            labelled = set()
             for j, m in enumerate(ms):
-                if mark == "belady":
-                    y = belady_rows_ratio(bel_runs, ds, m) if not bel_runs.empty else None
-                    name = "Belady's optimum"
-                else:
+                marks = []  # (name, y, colour, line style)
+                if mark == "belady" and not bel_runs.empty:
+                    marks = [(BELADY[u], belady_rows_ratio(bel_runs, ds, m, u), c, ls)
+                             for u, c, ls in (("all", "black", "--"), ("halo", "0.5", ":"))]
+                elif mark == "bound":
                     n = vs[(vs["dataset"] == ds) & (vs["machines"] == m) & (vs["policy"] == "none")]
                     y = (float(n.iloc[0].bound_s / n.iloc[0].epoch_s)
                          if not n.empty and n.iloc[0].bound_s else None)
-                    name = "features-free bound"
-                if y is not None:
-                    ax.hlines(y, j - 0.45, j + 0.45, colors="black", linestyles="--", zorder=3,
-                              label=None if label_done else name)
-                    label_done = True
+                    marks = [("features-free bound", y, "black", "--")]
+                for name, y, color, ls in marks:
+                    if y is not None:
+                        ax.hlines(y, j - 0.45, j + 0.45, colors=color, linestyles=ls, zorder=3,
+                                  label=None if name in labelled else name)
+                        labelled.add(name)
             ax.axhline(1.0, color="0.3", lw=1, label="DistDGL (none) = 1")
             ax.set_xticks(range(len(ms)), [f"{m} machines" for m in ms])
             ax.set_ylabel(f"{title} / none (lower is better)")
@@ -405,8 +431,8 @@ def savings_figure(vs: pd.DataFrame, bel_runs: pd.DataFrame):
 
 
 def hit_rate_figure(hits: pd.DataFrame, bel_runs: pd.DataFrame, bel_steps: pd.DataFrame):
-    """One panel per (dataset, machines): %-hits over training per policy, and Belady's on
-    the same minibatches (pooled over the buffered runs of the panel)."""
+    """One panel per (dataset, machines): %-hits over training per policy, and both Belady's
+    on the same minibatches (pooled over the buffered runs of the panel)."""
     # a replay (rudder sim) may not know its machine count: one "?" panel (-1), not one per NaN
     hits = hits.assign(machines=hits["machines"].fillna(-1))
     bel_runs = bel_runs.assign(machines=bel_runs["machines"].fillna(-1)) if not bel_runs.empty else bel_runs
@@ -428,13 +454,7 @@ def hit_rate_figure(hits: pd.DataFrame, bel_runs: pd.DataFrame, bel_steps: pd.Da
         if not bel_steps.empty and not bel_runs.empty:
             ids = bel_runs[(bel_runs["dataset"] == ds) & (bel_runs["machines"] == m)
                            & (bel_runs["policy"] != "none")]["run_id"]
-            bs = bel_steps[bel_steps["run_id"].isin(ids)]
-            if not bs.empty:
-                bs = bs.groupby("global_step", as_index=False)[["belady_hits", "remote_rows"]].sum()
-                g = _binned(bs.rename(columns={"global_step": "step"}), "belady_hits",
-                            "remote_rows", width)
-                ax.plot(g["bin"], g["hit_pct"], label="Belady's optimum", color="black",
-                        ls="--", lw=1.4)
+            _plot_belady(ax, bel_steps[bel_steps["run_id"].isin(ids)], width)
         ax.set_title(f"{ds}, {'?' if m < 0 else int(m)} machines: hit rate over training")
         ax.set_xlabel("minibatch (global step of each trainer)")
         ax.set_ylabel("%-hits (buffer hits / remote rows)")
@@ -445,9 +465,22 @@ def hit_rate_figure(hits: pd.DataFrame, bel_runs: pd.DataFrame, bel_steps: pd.Da
     return fig
 
 
+def _plot_belady(ax, bs: pd.DataFrame, width: int) -> None:
+    """Both Belady's %-hits over training (pooled over the given runs' ranks): all remote nodes
+    (the yardstick, black dashed), halo only (grey dotted)."""
+    if bs.empty:
+        return
+    cols = ["belady_all_hits", "belady_halo_hits", "remote_rows"]
+    bs = bs.groupby("global_step", as_index=False)[cols].sum().rename(
+        columns={"global_step": "step"})
+    for u, color, ls in (("all", "black", "--"), ("halo", "0.5", ":")):
+        g = _binned(bs, f"belady_{u}_hits", "remote_rows", width)
+        ax.plot(g["bin"], g["hit_pct"], label=BELADY[u], color=color, ls=ls, lw=1.4)
+
+
 def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.DataFrame,
                      bel_steps: pd.DataFrame):
-    """One panel per agent run: its %-hits over training (and Belady's on its trace), with
+    """One panel per agent run: its %-hits over training (and both Belady's on its trace), with
     each decision on that timeline (▲ replace, ● keep at the step it was applied; hollow:
     never applied; ✕ fallback at the step it was asked), numbered, and the stretch the fallback
     steered shaded; the reasons listed under the panel. Returns (figure, panels drawn)."""
@@ -462,13 +495,8 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
         if not h.empty:
             g = _binned(h, "hits", "remote_rows", width)
             ax.plot(g["bin"], g["hit_pct"], color=COLORS["agent"], lw=1.6, label="agent %-hits")
-        bs = bel_steps[bel_steps["run_id"] == run_id] if not bel_steps.empty else bel_steps
-        if not bs.empty:
-            bs = bs.groupby("global_step", as_index=False)[["belady_hits", "remote_rows"]].sum()
-            g = _binned(bs.rename(columns={"global_step": "step"}), "belady_hits",
-                        "remote_rows", width)
-            ax.plot(g["bin"], g["hit_pct"], color="black", ls="--", lw=1.2,
-                    label="Belady's optimum")
+        if not bel_steps.empty:
+            _plot_belady(ax, bel_steps[bel_steps["run_id"] == run_id], width)
         fb = d["fallback"].astype("boolean").fillna(False).to_numpy(bool)
         rep = d["replace"].astype("boolean")
         first = first_applied(d)

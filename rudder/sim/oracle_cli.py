@@ -4,9 +4,11 @@ For every trace-r<R>.npz of the run, Belady's optimal replacement (demand fetch,
 rudder.sim.oracle) is computed for the run's capacity and initial fill, twice at the same
 buffer memory (capacity rows): "Belady, halo only" (the 1-hop halo nodes, what the buffer can
 hold today) and "Belady, all remote nodes" (every remote node the trainer pulled, 2+ hops
-included: the unrestricted optimum). Both are set beside what the run measured
+included: the unrestricted optimum, the yardstick). Both are set beside what the run measured
 (minibatches-r<R>.jsonl: hits, remote_rows, fetched_rows). Written to oracle-r<R>.json in the
-run directory ("belady": halo only, "belady_all_remote": all remote nodes).
+run directory ("belady": halo only, with the run's hits_fraction_of_optimal and
+fetched_ratio_to_optimal; "belady_all_remote": all remote nodes, with hits_fraction_of_all_remote
+and fetched_ratio_to_all_remote; each result's "name" says which it is).
 """
 from __future__ import annotations
 
@@ -96,26 +98,32 @@ def _ratio(run: dict | None, key: str, opt: dict) -> float | None:
 
 
 def format_table(rows: list[dict]) -> str:
-    """One line per rank; `halo` = Belady, halo only; `all` = Belady, all remote nodes (both at
-    the run's capacity in rows)."""
-    head = f"{'rank':>4} {'minibatches':>11} {'remote rows':>12} {'run hit%':>9} " \
-           f"{'halo hit%':>10} {'all hit%':>9} {'run/halo':>9} {'run/all':>8} {'run fetched':>12} " \
-           f"{'halo fetched':>13} {'all fetched':>12}"
-    lines = ["Belady at the run's capacity: halo = Belady, halo only; all = Belady, all remote nodes",
-             head]
+    """Per rank, three lines at the run's buffer memory (capacity rows): the run, "Belady, all
+    remote nodes" (the yardstick) and "Belady, halo only", with the run's hits and fetched rows
+    as a share of each optimum's."""
     f3 = lambda x: f"{x:.3f}" if x is not None else "-"  # noqa: E731
+    lines = []
     for r in rows:
         b, a, run = r["belady"], r["belady_all_remote"], r["run"]
-        run_hr = f"{100 * run['hit_rate']:.1f}" if run else "-"
-        run_fetched = str(run["fetched_rows"]) if run else "-"
-        lines.append(
-            f"{r['rank']:>4} {r['minibatches']:>11} {b['remote_rows']:>12} {run_hr:>9} "
-            f"{100 * b['hit_rate']:>10.1f} {100 * a['hit_rate']:>9.1f} "
-            f"{f3(r['hits_fraction_of_optimal']):>9} {f3(r['hits_fraction_of_all_remote']):>8} "
-            f"{run_fetched:>12} {b['fetched_rows']:>13} {a['fetched_rows']:>12}"
-        )
+        share = ", ".join(f"{f:.2f} of the {n:,} {what}" for f, n, what in (
+            (r["capacity_fraction_of_halo"], r["halo_nodes"], "halo nodes"),
+            (r["capacity_fraction_of_remote_nodes"], r["remote_nodes"], "remote nodes"))
+            if f is not None)
+        lines += [f"rank {r['rank']}: {r['minibatches']} minibatches, {b['remote_rows']:,} remote "
+                  f"rows; capacity {r['capacity']:,} rows ({share or '-'})",
+                  f"  {'':<26} {'hit %':>6} {'hits':>11} {'fetched rows':>13} "
+                  f"{'run hits / its':>15} {'run fetched / its':>18}"]
+        if run:
+            lines.append(f"  {'run':<26} {100 * run['hit_rate']:>6.1f} {run['hits']:>11,} "
+                         f"{run['fetched_rows']:>13,}")
+        for opt, hk, fk in ((a, "hits_fraction_of_all_remote", "fetched_ratio_to_all_remote"),
+                            (b, "hits_fraction_of_optimal", "fetched_ratio_to_optimal")):
+            lines.append(f"  {opt['name']:<26} {100 * opt['hit_rate']:>6.1f} {opt['hits']:>11,} "
+                         f"{opt['fetched_rows']:>13,} {f3(r[hk]):>15} {f3(r[fk]):>18}")
         if r.get("note"):
-            lines.append(f"     note: {r['note']}")
+            lines.append(f"  note: {r['note']}")
+    lines.append("Belady, all remote nodes (the yardstick): any remote node the trainer pulled may "
+                 "be kept; Belady, halo only: 1-hop halo nodes only (what the buffer holds today).")
     return "\n".join(lines)
 
 

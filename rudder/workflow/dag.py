@@ -154,7 +154,8 @@ class StudyDAG:
                     continue
                 lines.append(f"  partition_graph {pkey[0]} into {pkey[2]} ({pkey[3]}"
                              f"{', balance_train' if pkey[4] else ''}"
-                             f"{', balance_edges' if pkey[5] else ''}) [{r['partition']}]")
+                             f"{', balance_edges' if pkey[5] else ''}"
+                             f"{'' if pkey[6] == 'float32' else ', ' + pkey[6]}) [{r['partition']}]")
                 for s in pruns:
                     lines.append(f"    train_block {s.run.run_id}  ({s.run.label()}) "
                                  f"[{r['train']}{self._spec_text(s.run)}]")
@@ -192,9 +193,10 @@ class StudyDAG:
             self.stage_futs[skey] = apps.stage(name, root(r), parsl_resource_specification=
                                                self._nodes_spec("stage", 1))
         for pkey in self.partitions():
-            name, r, parts, method, bt, be = pkey
+            name, r, parts, method, bt, be, dtype = pkey
             self.part_futs[pkey] = apps.partition(
-                name, parts, method, bt, be, root(r), inputs=[self.stage_futs[(name, r)]],
+                name, parts, method, bt, be, root(r), feature_dtype=dtype,
+                inputs=[self.stage_futs[(name, r)]],
                 parsl_resource_specification=self._nodes_spec("partition", 1))
         for st in self.to_run:
             run = st.run

@@ -111,7 +111,7 @@ class PlannedRun:
         """Runs sharing this key share one partitioning (partitioned once per study)."""
         d = self.config.dataset
         return (d.name, d.root, self.config.cluster.machines, d.partition_method,
-                d.balance_train, d.balance_edges)
+                d.balance_train, d.balance_edges, d.feature_dtype)
 
     @property
     def stage_key(self) -> tuple:

@@ -63,13 +63,13 @@ def stage_dataset(name: str, root: str) -> dict:
 
 
 def partition_graph(name: str, num_parts: int, method: str, balance_train: bool,
-                    balance_edges: bool, root: str) -> dict:
+                    balance_edges: bool, root: str, feature_dtype: str = "float32") -> dict:
     """Partitions dataset `name` into `num_parts` (reused when a valid partitioning exists)."""
     from rudder.data.partition import partition
 
     t0 = time.time()
     info = partition(name, num_parts, method=method, balance_train=balance_train,
-                     balance_edges=balance_edges, root=root)
+                     balance_edges=balance_edges, root=root, feature_dtype=feature_dtype)
     return {"dataset": name, "num_parts": num_parts, "method": method,
             "part_config": str(getattr(info, "part_config", "")), "seconds": time.time() - t0}
 
