@@ -55,6 +55,9 @@ class TrainConfig(Strict):
     max_steps_per_epoch: int | None = Field(None, gt=0)  # cap for quick runs and tests
     # auto: cuda:0 when torch sees a GPU, else the CPU; cuda: fail (naming why) without one
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # DistDGL sampler processes per trainer (DGL_NUM_SAMPLER): they sample the next minibatches
+    # while the trainer's loader pulls features; 0 = sampling in the loader thread, before the pull
+    samplers: int = Field(0, ge=0)
 
     @field_validator("fanouts", mode="before")
     @classmethod
