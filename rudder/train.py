@@ -418,6 +418,12 @@ def log_epoch(er) -> None:
              er.epoch, er.t_epoch, er.t_sample, er.t_fetch, er.t_buffer, er.t_policy or 0.0, er.t_compute,
              er.t_stall, er.loss or 0.0, er.train_acc or 0.0, f"{er.val_acc:.3f}" if er.val_acc is not None else "-",
              er.hits / max(er.remote_rows, 1), er.fetched_rows, er.remote_rows)
+    if er.bound_pipeline_s:  # all ranks: the slowest's epoch against the bounds (rudder.bounds)
+        log.info("epoch %d, all ranks: %.2fs = %.2fx the pipeline bound %.2fs, %.2fx the compute-only "
+                 "bound %.2fs; loader %.2fs (waited for sampling %.2f); slower rank's stall %.2fs",
+                 er.epoch, er.t_epoch_max, er.epoch_over_pipeline, er.bound_pipeline_s,
+                 er.epoch_over_compute, er.bound_compute_s, er.t_load or 0.0, er.t_sample_wait or 0.0,
+                 er.t_stall_max or 0.0)
 
 
 def evaluate(model, loader, feat, labels, device) -> float:
