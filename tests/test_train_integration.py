@@ -55,6 +55,26 @@ def leftovers(run_dir):
     return [line for line in (ns + links).splitlines() if tag in line]
 
 
+def run_processes(run_dir) -> list[int]:
+    """Processes still alive that this run started (the cluster's environment names its run
+    directory; DistDGL's sampler processes inherit it), after a grace of a few seconds."""
+    needle = f"RUDDER_RUN_DIR={os.path.realpath(run_dir)}".encode()
+    for _ in range(40):
+        pids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if needle in env:
+                    pids.append(int(d))
+        if not pids:
+            return []
+        time.sleep(0.25)
+    return pids
+
+
 @pytest.mark.parametrize("machines", [2, 4])
 def test_cluster_learns_and_counts_remote_rows(tmp_path, data_root, machines):
     res = execute_run(make_cfg(tmp_path, data_root, machines, epochs=3), check=True)
@@ -131,15 +151,18 @@ def test_policies_same_accuracy_and_feature_check(tmp_path, data_root):
 
 
 def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):
+    """Also with DistDGL sampler processes: they end with their trainers (PR_SET_PDEATHSIG), not
+    polling on after an os._exit or a SIGKILL skipped the pool's close."""
     monkeypatch.setenv("RUDDER_FAULT", "1:3")  # rank 1 exits at its 4th minibatch
     t0 = time.monotonic()
-    res = execute_run(make_cfg(tmp_path, data_root, 2, epochs=3))
+    res = execute_run(make_cfg(tmp_path, data_root, 2, epochs=3, samplers=1))
     assert not res.ok
     assert time.monotonic() - t0 < 200
     run = json.loads((res.run_dir / "run.json").read_text())
     assert run["status"] == "failed" and run["reason"]
     assert "17" in run["reason"] or "exit" in run["reason"]
     assert not leftovers(res.run_dir)
+    assert not run_processes(res.run_dir)
     assert read_jsonl(res.run_dir / "minibatches-r0.jsonl") is not None  # records kept
 
 
