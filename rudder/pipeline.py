@@ -16,10 +16,7 @@ after an epoch the training thread follows with RPC of its own (evaluation: `hol
 from __future__ import annotations
 
 import collections
-import ctypes
-import os
 import queue
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,19 +61,10 @@ class _EpochEnd:
 class TimedCollate:
     """A DGL collate function (NodeCollator.collate) that also returns its own seconds: the
     sampling work, measured where it runs (a sampler process or the loader thread). Picklable,
-    for DistDGL's sampler processes: unpickled there (when the trainer makes its loader), it ties
-    the sampler's life to the trainer's."""
+    for DistDGL's sampler processes."""
 
     def __init__(self, collate):
         self.collate = collate
-
-    def __getstate__(self) -> dict:
-        return {"collate": self.collate, "trainer": os.getpid()}
-
-    def __setstate__(self, state: dict) -> None:
-        self.collate = state["collate"]
-        if os.getpid() != state["trainer"]:
-            _end_with(state["trainer"])
 
     def __call__(self, items):
         t0 = time.perf_counter()
@@ -91,18 +79,6 @@ class PipelineState:
     last_t_compute: float = 0.0
     last_t_stall: float = 0.0
     extra: dict = field(default_factory=dict)
-
-
-def _end_with(trainer: int) -> None:
-    """In a sampler process: be killed when the trainer that spawned it ends, however it ends.
-    DGL's sampler loop polls its task queue forever, and an os._exit or SIGKILL of the trainer
-    (a fault, a teardown) skips the pool's close: the sampler would outlive its run."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the pool's close still ends it on a clean exit
-        return
-    if os.getppid() != trainer:  # the trainer ended before the signal was set
-        os._exit(1)
 
 
 class MinibatchPipeline:

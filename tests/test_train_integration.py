@@ -151,8 +151,9 @@ def test_policies_same_accuracy_and_feature_check(tmp_path, data_root):
 
 
 def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):
-    """Also with DistDGL sampler processes: they end with their trainers (PR_SET_PDEATHSIG), not
-    polling on after an os._exit or a SIGKILL skipped the pool's close."""
+    """Also with DistDGL sampler processes: an os._exit of the trainer skips DGL's pool close
+    (its samplers would poll on), and the teardown's kill of each machine's process group must
+    end them too."""
     monkeypatch.setenv("RUDDER_FAULT", "1:3")  # rank 1 exits at its 4th minibatch
     t0 = time.monotonic()
     res = execute_run(make_cfg(tmp_path, data_root, 2, epochs=3, samplers=1))
