@@ -4,6 +4,10 @@ ratios to `none`, %-hits as a fraction of Belady's on the same trace, buffer ove
   python benchmarks/bench_policies.py --dataset synth-bench --machines 2 4 \
       --fractions 0.25 0.5 --bandwidth 1gbit --epochs 1 --max-steps 40
 
+`--samplers 0 1` runs every cell with each number of DistDGL sampler processes per trainer
+(train.samplers: 0 = sampling in the loader thread before the pull), side by side; each row
+also shows the epoch against its pipeline and compute-only bounds (rudder.bounds).
+
 Prints a Markdown table (paste into BENCHMARKS.md) and writes it to --out.
 """
 from __future__ import annotations
@@ -27,9 +31,10 @@ def bench_config(args, machines: int, bandwidth: str | None, **prefetch) -> RunC
              "backend": getattr(args, "agent_backend", "inproc")}
     return RunConfig.model_validate({
         "agent": agent,
-        "dataset": {"name": args.dataset},
+        "dataset": {"name": args.dataset, "root": getattr(args, "data_root", "data")},
         "train": {"epochs": args.epochs, "batch_size": args.batch_size,
-                  "max_steps_per_epoch": args.max_steps, "eval_every": 0},
+                  "max_steps_per_epoch": args.max_steps, "eval_every": 0,
+                  "samplers": getattr(args, "samplers_now", 0)},
         "prefetch": prefetch,
         "cluster": {"machines": machines, "bandwidth": None if bandwidth == "none" else bandwidth,
                     "run_timeout_s": 3600},
@@ -57,6 +62,15 @@ def summarize(run_dir: Path, ranks: int) -> dict:
         "policy_ms_max": 1e3 * max((m.get("t_policy") or 0.0 for m in mbs), default=0.0),
         "stall_share": sum(m["t_stall"] for m in mbs) / t_mb if t_mb else 0.0,
     }
+    from rudder.bounds import run_bounds
+
+    b = run_bounds({r: read_jsonl(run_dir / f"minibatches-r{r}.jsonl") for r in range(ranks)},
+                   {r: read_jsonl(run_dir / f"epochs-r{r}.jsonl") for r in range(ranks)})
+    out.update(slowest_epoch_s=b.epoch_s, pipeline_s=b.pipeline_s, compute_s=b.compute_s,
+               over_pipeline=b.epoch_over_pipeline, over_compute=b.epoch_over_compute,
+               # the loader's stages, ms per minibatch (mean over ranks and minibatches)
+               **{f"{k}_ms": 1e3 * float(np.mean([m.get(k) or 0.0 for m in mbs]))
+                  for k in ("t_sample", "t_sample_wait", "t_fetch", "t_assemble", "t_load", "t_compute")})
     decisions = [d for r in range(ranks) for d in read_jsonl(run_dir / f"decisions-r{r}.jsonl")]
     if decisions:
         out["decisions"] = len(decisions)
@@ -86,57 +100,68 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--samplers", type=int, nargs="+", default=[0],
+                    help="DistDGL sampler processes per trainer; several: each, side by side")
     ap.add_argument("--runs-dir", default="runs/bench")
+    ap.add_argument("--data-root", default="data", help="where the datasets and their partitions are")
     ap.add_argument("--agent-model", default="qwen2.5-coder-0.5b", help="model of policy `agent`")
     ap.add_argument("--agent-backend", default="inproc", choices=["inproc", "http"])
     ap.add_argument("--out", default="benchmarks/results/policies.md")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     rows = []
-    for machines in args.machines:
-        base = None  # `none` has no buffer: one run serves every fraction
-        for frac in args.fractions:
-            for policy in args.policies:
-                if policy == "none" and base is not None:
-                    rows.append((machines, frac, policy, base, base))
-                    continue
-                cfg = bench_config(args, machines, args.bandwidth, policy=policy, prefetch_fraction=frac)
-                t0 = time.time()
-                res = execute_run(cfg)
-                if not res.ok:
-                    rows.append((machines, frac, policy, f"FAILED: {res.reason}"))
-                    continue
-                s = summarize(res.run_dir, machines)
-                s["belady_hits"] = belady_hits(res.run_dir, machines) if policy != "none" else 0
-                s["wall_s"] = time.time() - t0
-                if policy == "none":
-                    base = s
-                rows.append((machines, frac, policy, s, base))
+    cells = [(m, f, p, s) for m in args.machines for f in args.fractions for p in args.policies
+             for s in args.samplers]
+    base: dict = {}  # (machines, samplers) -> `none`'s summary: one run serves every fraction
+    for machines, frac, policy, samplers in cells:
+        if policy == "none" and (machines, samplers) in base:
+            rows.append((machines, frac, policy, samplers, base[machines, samplers],
+                         base[machines, samplers]))
+            continue
+        args.samplers_now = samplers
+        cfg = bench_config(args, machines, args.bandwidth, policy=policy, prefetch_fraction=frac)
+        t0 = time.time()
+        res = execute_run(cfg)
+        if not res.ok:
+            rows.append((machines, frac, policy, samplers, f"FAILED: {res.reason}"))
+            continue
+        s = summarize(res.run_dir, machines)
+        s["belady_hits"] = belady_hits(res.run_dir, machines) if policy != "none" else 0
+        s["wall_s"] = time.time() - t0
+        if policy == "none":
+            base[machines, samplers] = s
+        rows.append((machines, frac, policy, samplers, s, base.get((machines, samplers))))
     lines = [
         f"dataset {args.dataset}, bandwidth {args.bandwidth}, batch {args.batch_size}, "
         f"{args.epochs} epoch(s) x {args.max_steps} minibatches, 1 trainer/machine",
         "",
-        "| machines | fraction | policy | rows fetched / none | epoch time / none | %-hits | hits / Belady "
-        "| buffer overhead | policy time (share, max ms) | stall share | val acc |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| machines | fraction | policy | samplers | rows fetched / none | epoch time / none | %-hits "
+        "| hits / Belady | buffer overhead | policy time (share, max ms) | stall share | val acc "
+        "| epoch s (slowest rank) | pipeline bound s | epoch / pipeline | compute-only s "
+        "| epoch / compute | loader ms/minibatch: sample, waited, pull, assemble, total | compute ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        if isinstance(row[3], str):
-            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | | | | | | | |")
+        if isinstance(row[4], str):
+            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]} |" + " |" * 14)
             continue
-        m, f, p, s, base = row
+        m, f, p, ns, s, base = row
         rr = s["fetched_rows_per_epoch"] / base["fetched_rows_per_epoch"] if base else float("nan")
         tr = s["epoch_s"] / base["epoch_s"] if base else float("nan")
         hb = s["hits"] / s["belady_hits"] if s["belady_hits"] else float("nan")
         label = f"{p} ({s['applied']}/{s['decisions']} decisions applied)" if "decisions" in s else p
-        lines.append(f"| {m} | {f} | {label} | {rr:.2f} | {tr:.2f} | {100 * s['hit_rate']:.1f} | {hb:.2f} | "
+        lines.append(f"| {m} | {f} | {label} | {ns} | {rr:.2f} | {tr:.2f} | {100 * s['hit_rate']:.1f} | {hb:.2f} | "
                      f"{100 * s['buffer_share']:.1f}% | {100 * s['policy_share']:.2f}%, {s['policy_ms_max']:.1f} | "
-                     f"{100 * s['stall_share']:.1f}% | {s['val_acc']:.3f} |")
+                     f"{100 * s['stall_share']:.1f}% | {s['val_acc']:.3f} | {s['slowest_epoch_s']:.2f} | "
+                     f"{s['pipeline_s']:.2f} | {s['over_pipeline']:.2f} | {s['compute_s']:.2f} | "
+                     f"{s['over_compute']:.2f} | {s['t_sample_ms']:.0f}, {s['t_sample_wait_ms']:.0f}, "
+                     f"{s['t_fetch_ms']:.0f}, {s['t_assemble_ms']:.0f}, {s['t_load_ms']:.0f} | "
+                     f"{s['t_compute_ms']:.0f} |")
     text = "\n".join(lines)
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")
-    Path(args.out).with_suffix(".json").write_text(json.dumps([r[:4] for r in rows], default=str, indent=1))
+    Path(args.out).with_suffix(".json").write_text(json.dumps([r[:5] for r in rows], default=str, indent=1))
 
 
 if __name__ == "__main__":

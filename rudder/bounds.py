@@ -76,3 +76,17 @@ def run_bounds(minibatches: Mapping[int, Iterable[Mapping]],
     c, p, t = mean("compute_s"), mean("pipeline_s"), mean("epoch_s")
     return Bounds(len(per_epoch), c, p, t, t / c if t is not None and c else None,
                   t / p if t is not None and p else None, per_epoch)
+
+
+def epoch_bounds(epoch: int, per_rank: Iterable[tuple[Iterable[float], Iterable[float], float]]) -> dict:
+    """One epoch's bounds from every rank's (t_sample per step, t_compute per step, t_epoch), as
+    the trainers gather them at the epoch's end: the EpochRecord's t_epoch_max, bound_compute_s,
+    bound_pipeline_s, epoch_over_compute, epoch_over_pipeline (run_bounds' definitions)."""
+    mbs, eps = {}, {}
+    for r, (samples, computes, t_epoch) in enumerate(per_rank):
+        mbs[r] = [{"epoch": epoch, "step": i, "t_sample": s, "t_compute": c}
+                  for i, (s, c) in enumerate(zip(samples, computes))]
+        eps[r] = [{"epoch": epoch, "t_epoch": t_epoch}]
+    b = run_bounds(mbs, eps)
+    return {"t_epoch_max": b.epoch_s, "bound_compute_s": b.compute_s, "bound_pipeline_s": b.pipeline_s,
+            "epoch_over_compute": b.epoch_over_compute, "epoch_over_pipeline": b.epoch_over_pipeline}

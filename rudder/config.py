@@ -62,6 +62,9 @@ class TrainConfig(Strict):
     # partition) or cluster (BFS regions of cluster_size seeds, both orders reshuffled per epoch)
     order: Literal["shuffle", "proximity", "cluster"] = "shuffle"
     cluster_size: int = Field(4000, gt=0)  # seeds per cluster for order=cluster
+    # DistDGL sampler processes per trainer (DGL_NUM_SAMPLER): they sample the next minibatches
+    # while the trainer's loader pulls features; 0 = sampling in the loader thread, before the pull
+    samplers: int = Field(0, ge=0)
 
     @field_validator("fanouts", mode="before")
     @classmethod

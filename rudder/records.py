@@ -97,19 +97,31 @@ class MinibatchRecord:
     t_compute: float = 0.0
     t_stall: float = 0.0
     loss: float | None = None
+    # The loader's stages (training only; None in replays): t_sample is the sampling work
+    # itself (in a sampler process when train.samplers > 0), t_sample_wait what the loader waited
+    # for it, t_plan the policy's plan, t_fetch the pull, t_assemble the rest of the minibatch's
+    # feature and label assembly (buffer, local split, label pull), t_load the loader's wall time
+    # for the minibatch (not counting waits for queue space); t_stall_max the slower rank's wait
+    # for this step's minibatch (the max of t_stall over the ranks).
+    t_sample_wait: float | None = None
+    t_plan: float | None = None
+    t_assemble: float | None = None
+    t_load: float | None = None
+    t_stall_max: float | None = None
     admitted_rows: int = _extra(0)  # slots changed (StepStats)
     t_policy: float | None = _extra()  # the loader's seconds in policy.plan + observe
 
     @classmethod
     def of_step(cls, epoch: int, step: int, global_step: int, stats: StepStats, *, t_sample: float = 0.0,
                 t_compute: float = 0.0, t_stall: float = 0.0, loss: float | None = None,
-                t_policy: float | None = None) -> "MinibatchRecord":
-        """stats: the step's StepStats (training's FetchStats is the same type)."""
+                t_policy: float | None = None, **stages: float | None) -> "MinibatchRecord":
+        """stats: the step's StepStats (training's FetchStats is the same type); stages: the loader's
+        t_sample_wait, t_plan, t_assemble, t_load (training)."""
         s = stats
         return cls(epoch, step, global_step, s.input_rows, s.local_rows, s.remote_rows, s.hits,
                    s.misses, s.replaced_rows, s.fetched_rows, s.fetched_bytes,
                    hit_rate(s.hits, s.remote_rows), t_sample, s.t_fetch, s.t_buffer, t_compute,
-                   t_stall, loss, s.admitted_rows, t_policy)
+                   t_stall, loss, admitted_rows=s.admitted_rows, t_policy=t_policy, **stages)
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)
@@ -138,6 +150,19 @@ class EpochRecord:
     fetched_bytes: int | None = None
     replaced_rows: int | None = None
     initial_fill_rows: int | None = None
+    # sums of the minibatches' loader stages (None in replays)
+    t_sample_wait: float | None = None
+    t_plan: float | None = None
+    t_assemble: float | None = None
+    t_load: float | None = None
+    t_stall_max: float | None = None
+    # this epoch over all ranks (rudder.bounds, gathered by the trainers at the epoch's end):
+    # the slowest rank's t_epoch, the compute-only and pipeline bounds, the epoch's ratio to each
+    t_epoch_max: float | None = None
+    bound_compute_s: float | None = None
+    bound_pipeline_s: float | None = None
+    epoch_over_compute: float | None = None
+    epoch_over_pipeline: float | None = None
     t_policy: float | None = _extra()
     t_initial_fill: float | None = _extra()
 
@@ -150,9 +175,11 @@ class EpochTotals:
 
     SUMS = ("t_sample", "t_fetch", "t_buffer", "t_compute", "t_stall", "input_rows", "remote_rows",
             "hits", "fetched_rows", "fetched_bytes", "replaced_rows")
+    STAGES = ("t_sample_wait", "t_plan", "t_assemble", "t_load", "t_stall_max")  # None: not recorded
 
     def __init__(self) -> None:
         self.sums: dict[str, Any] = dict.fromkeys(self.SUMS, 0)
+        self.stages: dict[str, float | None] = dict.fromkeys(self.STAGES)
         self.t_policy: float | None = None
         self.loss = 0.0
         self.losses = 0
@@ -162,6 +189,10 @@ class EpochTotals:
         for k in self.SUMS:
             v, tot = getattr(r, k), self.sums[k]
             self.sums[k] = None if v is None or tot is None else tot + v  # unknown stays unknown
+        for k in self.STAGES:
+            v = getattr(r, k)
+            if v is not None:
+                self.stages[k] = (self.stages[k] or 0.0) + v
         if r.t_policy is not None:
             self.t_policy = (self.t_policy or 0.0) + r.t_policy
         if r.loss is not None:
@@ -170,10 +201,11 @@ class EpochTotals:
         self.n += 1
 
     def record(self, epoch: int, **only_epoch: Any) -> EpochRecord:
-        """only_epoch: t_epoch, train_acc, val_acc, initial_fill_rows, t_initial_fill."""
+        """only_epoch: t_epoch, train_acc, val_acc, initial_fill_rows, t_initial_fill, and the
+        epoch's bounds (t_epoch_max, bound_*, epoch_over_*)."""
         loss = self.loss / max(self.n, 1) if self.losses else None
         return EpochRecord(epoch=epoch, **self.sums, loss=loss, minibatches=self.n,
-                           t_policy=self.t_policy, **only_epoch)
+                           t_policy=self.t_policy, **self.stages, **only_epoch)
 
 
 @dataclass

@@ -126,7 +126,7 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     spec = ClusterSpec(machines=c.machines, trainers_per_machine=c.trainers_per_machine,
                        bandwidth=c.bandwidth, bandwidth_schedule=c.bandwidth_schedule,
                        netns=c.netns, start_timeout_s=c.start_timeout_s,
-                       run_timeout_s=c.run_timeout_s,
+                       run_timeout_s=c.run_timeout_s, samplers_per_trainer=cfg.train.samplers,
                        wait_services=service is not None)  # trainers start once the agent answers
     trainer = [sys.executable, "-m", "rudder.train", "--run-dir", str(run_dir.resolve())]
     if check or cfg.train.check_features:

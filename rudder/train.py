@@ -61,11 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     one_class = classes < 2 or run.get("classes_present") == 1
     if one_class:
         log.warning("rank %d: the labels have one class: accuracy is not reported", part.rank)
+    evaluates = lambda epoch: not one_class and bool(  # noqa: E731  (a validation pass after it)
+        tc.eval_every and (epoch + 1) % tc.eval_every == 0 or epoch == tc.epochs - 1)
     ctx = start_policy(policy, cfg, part, feats, fill.capacity, steps_per_epoch, full_steps, args.run_dir, device)
     trace = trace_writer(args.run_dir, part, feats, fill.capacity) if pc.record_trace else None
     pipe = MinibatchPipeline(
         lambda epoch: train_loader, feats, part.labels, policy, MetricsCollector(pc.window),
         steps_per_epoch, tc.epochs, sample_ahead(pc), trace_writer=trace, check=check,
+        hold_after=evaluates,  # the loader waits while this thread evaluates (DGL RPC)
     )
     out = RecordFiles(args.run_dir, part.rank)
     (args.run_dir / f"context-r{part.rank}.json").write_text(json.dumps(ctx.__dict__, default=str))
@@ -79,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         model.train()
         t_epoch = time.perf_counter()
         totals, correct, total = EpochTotals(), 0, 0
+        steps: list[tuple[float, float]] = []  # (t_sample, t_compute) per step, for the bounds
         for mb in pipe.epoch(epoch):
             fault.maybe_exit(part.rank, mb.global_step)
             checked.add(mb)
+            slower = SlowerWait(mb.stall)  # the slower rank's wait, reduced during the compute
             # compute: forward, backward (DDP all-reduce: a sync point across trainers), step
             t0 = time.perf_counter()
             labels = mb.labels.long().to(device)
@@ -98,18 +103,20 @@ def main(argv: list[str] | None = None) -> int:
             total += int(mb.labels.numel())
             # the loader's record, completed with what only this thread knows
             rec = dataclasses.replace(mb.record, t_compute=t_compute, t_stall=mb.stall,
-                                      loss=float(loss.detach()), t_policy=mb.t_policy)
+                                      loss=float(loss.detach()), t_policy=mb.t_policy,
+                                      t_stall_max=slower.result())
             out.write(rec, mb.window, policy.decisions())
             totals.add(rec)
+            steps.append((rec.t_sample, t_compute))
         t_epoch = time.perf_counter() - t_epoch
+        bounds = gather_bounds(epoch, steps, t_epoch)
         val_acc = None
-        if not one_class and (tc.eval_every and (epoch + 1) % tc.eval_every == 0
-                              or epoch == tc.epochs - 1):
+        if evaluates(epoch):
             val_acc = evaluate(model, part.loader(part.val_nids, tc, shuffle=False), part.feat, part.labels, device)
         train_acc = None if one_class else correct / max(total, 1)
         er = totals.record(epoch, t_epoch=t_epoch, train_acc=train_acc, val_acc=val_acc,
                            initial_fill_rows=fill.rows if epoch == 0 else 0,
-                           t_initial_fill=fill.seconds if epoch == 0 else 0.0)
+                           t_initial_fill=fill.seconds if epoch == 0 else 0.0, **bounds)
         out.epochs.write(er.to_dict())
         log_epoch(er)
 
@@ -168,12 +175,23 @@ class Partition:
     labels: Any  # DistTensor of labels
     threads: int  # torch threads of this trainer
 
-    def loader(self, nids, tc, shuffle: bool):
+    def loader(self, nids, tc, shuffle: bool, timed: bool = False):
+        """DistDGL's node loader; sampling runs in its sampler processes when the cluster
+        started any (train.samplers). timed: each minibatch also carries its sampling seconds,
+        measured where it ran (rudder.pipeline.TimedCollate)."""
         import dgl
 
         sampler = dgl.dataloading.NeighborSampler(tc.fanouts)
-        return dgl.dataloading.DistNodeDataLoader(
-            self.g, nids, sampler, batch_size=tc.batch_size, shuffle=shuffle, drop_last=False)
+        if not timed:
+            return dgl.dataloading.DistNodeDataLoader(
+                self.g, nids, sampler, batch_size=tc.batch_size, shuffle=shuffle, drop_last=False)
+        from dgl.dataloading.dist_dataloader import NodeCollator
+
+        from rudder.pipeline import TimedCollate
+
+        collator = NodeCollator(self.g, nids, sampler)  # as DistNodeDataLoader builds it
+        return dgl.distributed.DistDataLoader(collator.dataset, batch_size=tc.batch_size, shuffle=shuffle,
+                                              collate_fn=TimedCollate(collator.collate), drop_last=False)
 
 
 def join_cluster(part_config: str, seed: int) -> Partition:
@@ -238,7 +256,7 @@ def train_loader_and_steps(part: Partition, tc):
     """The training loader (seeds in train.order) and the steps per epoch (the same on every rank: DDP)."""
     import torch
 
-    loader = part.loader(part.train_nids, tc, shuffle=tc.order == "shuffle")
+    loader = part.loader(part.train_nids, tc, shuffle=tc.order == "shuffle", timed=True)
     if tc.order != "shuffle":  # a locality order, set per epoch (rudder/seed_order.py)
         from rudder.seed_order import OrderedLoader, trainer_order
 
@@ -370,6 +388,43 @@ class FeatureCheck:
             torch.save(self.rows, run_dir / f"rows-r{rank}.pt")
 
 
+class SlowerWait:
+    """The most any rank waited for this step's minibatch: a MAX all-reduce started before the
+    step's compute and read after it (gloo runs it in the background: no extra sync point)."""
+
+    def __init__(self, stall: float):
+        import torch
+
+        self.t = torch.tensor([stall], dtype=torch.float64)
+        self.work = torch.distributed.all_reduce(self.t, op=torch.distributed.ReduceOp.MAX, async_op=True)
+
+    def result(self) -> float:
+        self.work.wait()
+        return float(self.t[0])
+
+
+def gather_bounds(epoch: int, steps: list[tuple[float, float]], t_epoch: float) -> dict:
+    """The epoch's compute-only and pipeline bounds over all ranks (rudder.bounds.epoch_bounds):
+    one all_gather of every rank's per-step (t_sample, t_compute) and its t_epoch."""
+    import torch
+
+    from rudder.bounds import epoch_bounds
+
+    mine = torch.tensor([[t_epoch, float(len(steps))], *steps] if steps else [[t_epoch, 0.0]],
+                        dtype=torch.float64)
+    n = torch.tensor([mine.shape[0]])
+    torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)  # ranks' step counts match (DDP)
+    padded = torch.zeros(int(n), 2, dtype=torch.float64)
+    padded[:mine.shape[0]] = mine
+    got = [torch.empty_like(padded) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(got, padded)
+    per_rank = []
+    for g in got:
+        k = int(g[0, 1])
+        per_rank.append((g[1:1 + k, 0].tolist(), g[1:1 + k, 1].tolist(), float(g[0, 0])))
+    return epoch_bounds(epoch, per_rank)
+
+
 def log_epoch(er) -> None:
     """One line per epoch: the time of each phase, the fields of the epoch record."""
     log.info("epoch %d: %.2fs (sample %.2f | fetch %.2f | buffer %.3f | policy %.4f | compute %.2f | stall %.2f) "
@@ -377,6 +432,12 @@ def log_epoch(er) -> None:
              er.epoch, er.t_epoch, er.t_sample, er.t_fetch, er.t_buffer, er.t_policy or 0.0, er.t_compute,
              er.t_stall, er.loss or 0.0, er.train_acc or 0.0, f"{er.val_acc:.3f}" if er.val_acc is not None else "-",
              er.hits / max(er.remote_rows, 1), er.fetched_rows, er.remote_rows)
+    if er.bound_pipeline_s:  # all ranks: the slowest's epoch against the bounds (rudder.bounds)
+        log.info("epoch %d, all ranks: %.2fs = %.2fx the pipeline bound %.2fs, %.2fx the compute-only "
+                 "bound %.2fs; loader %.2fs (waited for sampling %.2f); slower rank's stall %.2fs",
+                 er.epoch, er.t_epoch_max, er.epoch_over_pipeline, er.bound_pipeline_s,
+                 er.epoch_over_compute, er.bound_compute_s, er.t_load or 0.0, er.t_sample_wait or 0.0,
+                 er.t_stall_max or 0.0)
 
 
 def evaluate(model, loader, feat, labels, device) -> float:

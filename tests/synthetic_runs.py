@@ -87,6 +87,9 @@ def write_synthetic_run(root: str | Path, run_id: str, *, dataset: str = "synth-
                     "t_sample": 0.02, "t_fetch": t_fetch, "t_buffer": 0.002,
                     "t_compute": 0.05, "t_stall": max(0.0, t_fetch - 0.05),
                     "loss": 2.0 / (1 + g / 10),
+                    # the loader's stages (sampling in the loader thread: waited = worked)
+                    "t_sample_wait": 0.02, "t_plan": 0.0005, "t_assemble": 0.003,
+                    "t_load": 0.0235 + t_fetch, "t_stall_max": max(0.0, t_fetch - 0.05),
                 }
                 assert list(rec) == MINIBATCH_FIELDS
                 mb_w.write(rec)
@@ -112,6 +115,12 @@ def write_synthetic_run(root: str | Path, run_id: str, *, dataset: str = "synth-
                    ("input_rows", "remote_rows", "hits", "fetched_rows", "fetched_bytes",
                     "replaced_rows")},
                 "initial_fill_rows": 0 if policy in BUFFER_FREE or epoch else 5000,
+                **{k: sum(m[k] for m in mbs) for k in
+                   ("t_sample_wait", "t_plan", "t_assemble", "t_load", "t_stall_max")},
+                # one rank's view of the bounds (the store derives its own from the minibatches)
+                "t_epoch_max": t_epoch, "bound_compute_s": 0.05 * len(mbs),
+                "bound_pipeline_s": 0.05 * len(mbs), "epoch_over_compute": t_epoch / (0.05 * len(mbs)),
+                "epoch_over_pipeline": t_epoch / (0.05 * len(mbs)),
             }
             erec = {k: erec[k] for k in EPOCH_FIELDS}
             ep_w.write(erec)

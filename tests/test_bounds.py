@@ -77,3 +77,13 @@ def test_the_same_bound_as_the_results_store(tmp_path):
     assert row.epoch_s == pytest.approx(b.epoch_s)
     assert row.epoch_over_bound == pytest.approx(b.epoch_over_pipeline)
     assert b.compute_s < b.pipeline_s  # sampling is slower than compute on some steps here
+
+
+def test_epoch_bounds_as_the_trainers_gather_them():
+    """The EpochRecord's bounds (rudder.train.gather_bounds -> epoch_bounds) are run_bounds' of
+    that one epoch: the same hand-computed figures as epoch 1 of test_two_ranks_two_epochs."""
+    from rudder.bounds import epoch_bounds
+
+    got = epoch_bounds(1, [([0.2, 0.2], [0.5, 0.5], 3.0), ([0.9, 0.1], [0.4, 0.4], 2.0)])
+    assert got == pytest.approx({"t_epoch_max": 3.0, "bound_compute_s": 0.8, "bound_pipeline_s": 1.3,
+                                 "epoch_over_compute": 3.0 / 0.8, "epoch_over_pipeline": 3.0 / 1.3})

@@ -22,10 +22,10 @@ pytestmark = [
 ]
 
 
-def make_cfg(tmp_path, data_root, machines, policy="none", epochs=2, **prefetch):
+def make_cfg(tmp_path, data_root, machines, policy="none", epochs=2, samplers=0, **prefetch):
     return RunConfig.model_validate({
         "dataset": {"name": "synth-small", "root": str(data_root)},
-        "train": {"epochs": epochs, "batch_size": 500, "lr": 0.01, "hidden": 32},
+        "train": {"epochs": epochs, "batch_size": 500, "lr": 0.01, "hidden": 32, "samplers": samplers},
         "prefetch": {"policy": policy, **prefetch},
         "cluster": {"machines": machines, "start_timeout_s": 120, "run_timeout_s": 400},
         "runs_dir": str(tmp_path / "runs"),
@@ -55,6 +55,26 @@ def leftovers(run_dir):
     return [line for line in (ns + links).splitlines() if tag in line]
 
 
+def run_processes(run_dir) -> list[int]:
+    """Processes still alive that this run started (the cluster's environment names its run
+    directory; DistDGL's sampler processes inherit it), after a grace of a few seconds."""
+    needle = f"RUDDER_RUN_DIR={os.path.realpath(run_dir)}".encode()
+    for _ in range(40):
+        pids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if needle in env:
+                    pids.append(int(d))
+        if not pids:
+            return []
+        time.sleep(0.25)
+    return pids
+
+
 @pytest.mark.parametrize("machines", [2, 4])
 def test_cluster_learns_and_counts_remote_rows(tmp_path, data_root, machines):
     res = execute_run(make_cfg(tmp_path, data_root, machines, epochs=3), check=True)
@@ -78,11 +98,47 @@ def test_cluster_learns_and_counts_remote_rows(tmp_path, data_root, machines):
     assert not leftovers(res.run_dir)
 
 
+def assert_honest_timing(run_dir, ranks: int) -> None:
+    """Every minibatch record has the loader's stage times and the slower rank's wait (the max
+    of the ranks' own t_stall at that step); every epoch record the epoch's bounds over all
+    ranks, the same on each rank and the same as rudder.bounds computes from the files."""
+    from rudder.bounds import run_bounds
+
+    mbs = {r: read_jsonl(run_dir / f"minibatches-r{r}.jsonl") for r in range(ranks)}
+    eps = {r: read_jsonl(run_dir / f"epochs-r{r}.jsonl") for r in range(ranks)}
+    stall = {}
+    for recs in mbs.values():
+        for m in recs:
+            stall[m["global_step"]] = max(stall.get(m["global_step"], 0.0), m["t_stall"])
+    for recs in mbs.values():
+        for m in recs:
+            stages = [m[k] for k in ("t_sample", "t_sample_wait", "t_plan", "t_fetch", "t_assemble", "t_load")]
+            assert all(v is not None and v >= 0 for v in stages), m
+            assert m["t_sample"] > 0 and m["t_fetch"] > 0
+            assert m["t_load"] >= m["t_plan"] + m["t_fetch"] + m["t_assemble"], m
+            assert m["t_stall_max"] == stall[m["global_step"]], m
+    b = run_bounds(mbs, eps)
+    for r, recs in eps.items():
+        for e, per in zip(recs, b.per_epoch):
+            assert e["bound_compute_s"] == pytest.approx(per["compute_s"])
+            assert e["bound_pipeline_s"] == pytest.approx(per["pipeline_s"])
+            assert e["t_epoch_max"] == pytest.approx(per["epoch_s"])
+            assert 0 < e["bound_compute_s"] <= e["bound_pipeline_s"] <= e["t_epoch_max"]
+            assert e["epoch_over_pipeline"] == pytest.approx(e["t_epoch_max"] / e["bound_pipeline_s"])
+            assert e["epoch_over_compute"] >= e["epoch_over_pipeline"] >= 1
+            assert e["t_load"] == pytest.approx(sum(m["t_load"] for m in mbs[r] if m["epoch"] == e["epoch"]))
+
+
 def test_policies_same_accuracy_and_feature_check(tmp_path, data_root):
+    """Also: the records' timing is honest (assert_honest_timing), and lookahead's run samples
+    in DistDGL sampler processes (train.samplers=1) beside the pull, with the same rows."""
     accs, fetched = {}, {}
     for policy in ("none", "static", "fixed", "lookahead"):
-        res = execute_run(make_cfg(tmp_path, data_root, 2, policy, epochs=3, prefetch_fraction=0.5, period=5), check=True)
+        samplers = 1 if policy == "lookahead" else 0
+        res = execute_run(make_cfg(tmp_path, data_root, 2, policy, epochs=3, samplers=samplers,
+                                   prefetch_fraction=0.5, period=5), check=True)
         assert res.ok, (policy, res.reason)
+        assert_honest_timing(res.run_dir, 2)
         ep = [read_jsonl(res.run_dir / f"epochs-r{r}.jsonl")[-1] for r in range(2)]
         accs[policy] = ep[0]["val_acc"]
         fetched[policy] = sum(e["fetched_rows"] for e in ep)
@@ -95,15 +151,19 @@ def test_policies_same_accuracy_and_feature_check(tmp_path, data_root):
 
 
 def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):
+    """Also with DistDGL sampler processes: an os._exit of the trainer skips DGL's pool close
+    (its samplers would poll on), and the teardown's kill of each machine's process group must
+    end them too."""
     monkeypatch.setenv("RUDDER_FAULT", "1:3")  # rank 1 exits at its 4th minibatch
     t0 = time.monotonic()
-    res = execute_run(make_cfg(tmp_path, data_root, 2, epochs=3))
+    res = execute_run(make_cfg(tmp_path, data_root, 2, epochs=3, samplers=1))
     assert not res.ok
     assert time.monotonic() - t0 < 200
     run = json.loads((res.run_dir / "run.json").read_text())
     assert run["status"] == "failed" and run["reason"]
     assert "17" in run["reason"] or "exit" in run["reason"]
     assert not leftovers(res.run_dir)
+    assert not run_processes(res.run_dir)
     assert read_jsonl(res.run_dir / "minibatches-r0.jsonl") is not None  # records kept
 
 

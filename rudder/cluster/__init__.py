@@ -45,10 +45,11 @@ What each process finds in its environment:
             PYTHONUNBUFFERED=1, PATH with this interpreter's bin first, OMP_NUM_THREADS
             (cores / total trainers unless set)
   server:   DGL_ROLE=server DGL_SERVER_ID=<machine> DGL_IP_CONFIG DGL_NUM_SERVER=1
-            DGL_NUM_CLIENT=<total trainers> DGL_CONF_PATH DGL_GRAPH_FORMAT=csc
+            DGL_NUM_CLIENT=<total trainers x (1 + samplers)> DGL_CONF_PATH DGL_GRAPH_FORMAT=csc
   service:  RUDDER_SERVICE_ID, RUDDER_READY_FILE (write it when ready, with the service's URL
             if it has one; waited for only with spec.wait_services)
-  trainer:  DGL_ROLE=client DGL_DIST_MODE=distributed DGL_NUM_SERVER=1 DGL_NUM_SAMPLER=0
+  trainer:  DGL_ROLE=client DGL_DIST_MODE=distributed DGL_NUM_SERVER=1
+            DGL_NUM_SAMPLER=<spec.samplers_per_trainer>
             DGL_NUM_CLIENT DGL_GROUP_ID=0 DGL_IP_CONFIG DGL_CONF_PATH, MASTER_ADDR (machine 0),
             MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GLOO_SOCKET_IFNAME,
             RUDDER_THREADS (torch threads: the machine's cores / its trainers),

@@ -47,6 +47,7 @@ class ClusterError(RuntimeError):
 class ClusterSpec:
     machines: int  # emulated machines (one DGL server + partition each)
     trainers_per_machine: int = 1
+    samplers_per_trainer: int = 0  # DistDGL sampler processes per trainer (each a DGL client)
     bandwidth: str | None = None  # tbf rate per machine link ("1gbit", "200mbit"); None = unshaped
     # [(t_s, rate), ...]: each link's rate changes to `rate` t_s seconds after a run's machines
     # are launched (LinkScheduler); before the first entry the link runs at `bandwidth`
@@ -439,7 +440,8 @@ class LocalCluster:
                   "RUDDER_MACHINE_ADDR": addr, "RUDDER_ADDRESSES": ",".join(self.addresses),
                   "RUDDER_RUN_DIR": str(self.run_dir), "RUDDER_IP_CONFIG": str(ip_config)}
         dgl = {"DGL_IP_CONFIG": str(ip_config), "DGL_NUM_SERVER": "1",
-               "DGL_NUM_CLIENT": str(n * tpm), "DGL_CONF_PATH": str(part_config)}
+               "DGL_NUM_CLIENT": str(n * tpm * (1 + spec.samplers_per_trainer)),
+               "DGL_CONF_PATH": str(part_config)}
         procs = [{
             "key": f"machine{m}/server", "label": f"server on machine {m}", "role": "server",
             "argv": list(server_argv or [sys.executable, "-m", "rudder.cluster.dist_server"]),
@@ -466,7 +468,7 @@ class LocalCluster:
                 "key": f"machine{m}/trainer{rank}", "label": f"trainer {rank} on machine {m}",
                 "role": "trainer", "rank": rank, "argv": list(trainer_argv),
                 "env": {**common, **dgl, "DGL_ROLE": "client", "DGL_DIST_MODE": "distributed",
-                        "DGL_NUM_SAMPLER": "0", "DGL_GROUP_ID": "0",
+                        "DGL_NUM_SAMPLER": str(spec.samplers_per_trainer), "DGL_GROUP_ID": "0",
                         "MASTER_ADDR": self.addresses[0], "MASTER_PORT": str(master_port),
                         "RUDDER_THREADS": str(self.threads_per_trainer()),
                         "RANK": str(rank), "WORLD_SIZE": str(n * tpm),

@@ -15,7 +15,10 @@ from rudder.records import RECORDS, column_kinds
 # v2: decisions.outcome_hit_rate/outcome_remote_rows are directions (VARCHAR), the numbers are
 #     outcome_hit_delta/outcome_rows_delta (DOUBLE)
 # v3: decisions.cf_rows_saved, cf_replace_share, correct_cf (the counterfactual judge)
-SCHEMA_VERSION = 3  # bump when a table changes shape; an older file must be re-collected
+# v4: the loader's stage times (minibatches and epochs: t_sample_wait, t_plan, t_assemble,
+#     t_load, t_stall_max) and the epoch's bounds (epochs: t_epoch_max, bound_compute_s,
+#     bound_pipeline_s, epoch_over_compute, epoch_over_pipeline); a v3 file is migrated in place
+SCHEMA_VERSION = 4  # bump when a table changes shape; see MIGRATIONS for what an older file gets
 
 # Kinds: int -> BIGINT, float -> DOUBLE, bool -> BOOLEAN, str -> VARCHAR, ts -> TIMESTAMP (UTC),
 # json -> JSON; flag -> BOOLEAN where any other text counts as true (and is kept in `extra`).
@@ -78,6 +81,30 @@ def ddl() -> list[str]:
                      f"  rank INTEGER NOT NULL,\n  {cols},\n  extra JSON)")
     return stmts
 
+
+
+# Versions a file can be brought from in place: from-version -> {table: columns added since}
+# (added columns only: ingest inserts BY NAME, so their place at the table's end is harmless;
+# rows collected before hold NULL there until re-collected). Other versions: collect anew.
+_V4_STAGES = ["t_sample_wait", "t_plan", "t_assemble", "t_load", "t_stall_max"]
+MIGRATIONS: dict[int, dict[str, list[str]]] = {
+    3: {"minibatches": _V4_STAGES,
+        "epochs": _V4_STAGES + ["t_epoch_max", "bound_compute_s", "bound_pipeline_s",
+                                "epoch_over_compute", "epoch_over_pipeline"]},
+}
+
+
+def migration(from_version: int) -> list[str] | None:
+    """The statements that bring a file of `from_version` to SCHEMA_VERSION; None when it
+    cannot be (collect into a new file)."""
+    stmts: list[str] = []
+    for v in range(from_version, SCHEMA_VERSION):
+        if v not in MIGRATIONS:
+            return None
+        for table, cols in MIGRATIONS[v].items():
+            stmts += [f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{c}" '
+                      f'{SQL_TYPE[FIELD_KINDS[table][c]]}' for c in cols]
+    return stmts
 
 
 def dig(d: Any, path: tuple[str, ...]) -> Any:

@@ -37,7 +37,8 @@ from rudder.results.progress import progress as _progress
 from rudder.results.rundirs import (INGEST_VERSION, dedupe, find_run_dirs, fingerprint,  # noqa: F401
                                     rank_files, read_records, run_json_study)
 from rudder.results.schema import (ARROW_TYPE, CHILD_TABLES, FIELD_KINDS, ROW_KEY, RUN_COLUMNS,  # noqa: F401
-                                   RUN_JSON_KEYS, SCHEMA_VERSION, TABLES, ddl, flatten_config)
+                                   RUN_JSON_KEYS, SCHEMA_VERSION, TABLES, ddl, flatten_config,
+                                   migration)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,15 @@ class ResultsStore:
                 self.con.execute("INSERT INTO meta VALUES ('schema_version', ?)",
                                  [str(SCHEMA_VERSION)])
             elif row[0] != str(SCHEMA_VERSION):
+                stmts = migration(int(row[0])) if row[0].isdigit() and int(row[0]) < SCHEMA_VERSION else None
+                if stmts is not None:  # an older file that only lacks columns: add them
+                    log.info("%s: results schema v%s -> v%d", self.path, row[0], SCHEMA_VERSION)
+                    for stmt in stmts:
+                        self.con.execute(stmt)
+                    self.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                                     [str(SCHEMA_VERSION)])
+                    self.con.execute("COMMIT")
+                    return
                 raise ValueError(
                     f"{self.path} has results schema v{row[0]}, this rudder writes "
                     f"v{SCHEMA_VERSION}: collect into a new file (the runs are the source)")
