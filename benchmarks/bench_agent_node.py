@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -85,17 +86,19 @@ def log_since(path: Path, pos: int) -> tuple[str, int]:
 
 def parse_setup(text: str) -> dict:
     """'threads=2,logits_all=1,cpus=1' -> AgentService keyword arguments."""
-    out = {"threads": 1, "logits_all": False, "cpus": None}
+    out = {"threads": 1, "logits_all": False, "cpus": None, "prompt_cache_mb": 0}
     for item in filter(None, text.split(",")):
         key, _, val = item.partition("=")
         if key == "threads":
             out["threads"] = int(val)
         elif key == "logits_all":
             out["logits_all"] = val.lower() in ("1", "true", "yes")
+        elif key == "cache_mb":
+            out["prompt_cache_mb"] = int(val)
         elif key == "cpus":
             out["cpus"] = [int(c) for c in val.split("+")]
         else:
-            raise SystemExit(f"unknown setup key {key!r} in {text!r} (threads, logits_all, cpus)")
+            raise SystemExit(f"unknown setup key {key!r} in {text!r} (threads, logits_all, cache_mb, cpus)")
     return out
 
 
@@ -113,6 +116,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers' stop below still runs
     ranks = args.ranks or len(list(args.run.glob("context-r*.json")))
     seq = prompts(args.run, ranks, args.calls, args.variant, args.history)
     tmp = Path(tempfile.mkdtemp(prefix="rudder-bench-node-"))
@@ -125,9 +129,10 @@ def main() -> int:
                                log_path=tmp / f"server{i}.log", **kw).start()
             load_s = time.monotonic() - t0
             warm_s = svc.warm(args.variant)
+            time.sleep(0.5)  # its timings are logged after the answer: not the first call's
             maker = DecisionMaker(HttpBackend(svc.url, model=args.model), args.model,
                                   max_tokens=args.max_tokens, timeout_s=600)
-            servers.append([text, svc, maker, 0, load_s, warm_s])
+            servers.append([text, svc, maker, svc.log_path.stat().st_size, load_s, warm_s])
         for n, (rank, p) in enumerate(seq):
             for entry in servers:
                 text, svc, maker, pos = entry[:4]
