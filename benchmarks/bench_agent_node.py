@@ -86,19 +86,17 @@ def log_since(path: Path, pos: int) -> tuple[str, int]:
 
 def parse_setup(text: str) -> dict:
     """'threads=2,logits_all=1,cpus=1' -> AgentService keyword arguments."""
-    out = {"threads": 1, "logits_all": False, "cpus": None, "prompt_cache_mb": 0}
+    out = {"threads": 1, "logits_all": False, "cpus": None}
     for item in filter(None, text.split(",")):
         key, _, val = item.partition("=")
         if key == "threads":
             out["threads"] = int(val)
         elif key == "logits_all":
             out["logits_all"] = val.lower() in ("1", "true", "yes")
-        elif key == "cache_mb":
-            out["prompt_cache_mb"] = int(val)
         elif key == "cpus":
             out["cpus"] = [int(c) for c in val.split("+")]
         else:
-            raise SystemExit(f"unknown setup key {key!r} in {text!r} (threads, logits_all, cache_mb, cpus)")
+            raise SystemExit(f"unknown setup key {key!r} in {text!r} (threads, logits_all, cpus)")
     return out
 
 
@@ -116,11 +114,17 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers' stop below still runs
     ranks = args.ranks or len(list(args.run.glob("context-r*.json")))
     seq = prompts(args.run, ranks, args.calls, args.variant, args.history)
     tmp = Path(tempfile.mkdtemp(prefix="rudder-bench-node-"))
     servers, summaries, rows = [], [], {s: [] for s in args.setups}
+
+    def on_term(*_) -> None:  # the servers run in sessions of their own: stop them first
+        for entry in servers:
+            entry[1].stop()
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         for i, text in enumerate(args.setups):
             kw = parse_setup(text)

@@ -66,8 +66,7 @@ class AgentService:
                  threads: int = 1, n_ctx: int = N_CTX, chat_format: str | None = None,
                  ready_timeout_s: float = 60.0, log_path: str | Path | None = None,
                  model_alias: str | None = None, all_interfaces: bool = False,
-                 cpus: list[int] | None = None, logits_all: bool = False,
-                 prompt_cache_mb: int = 0):
+                 cpus: list[int] | None = None, logits_all: bool = False):
         if host in ("0.0.0.0", "::", "") and not all_interfaces:
             raise ValueError("AgentService binds to one address (the node's or loopback), not all"
                              " (all_interfaces=True: the per-node service of a local study)")
@@ -76,9 +75,6 @@ class AgentService:
         # agent never asks for): the vocabulary projection of each one (151k rows for Qwen),
         # copied into a numpy array, made reading a prompt ~40% slower (BENCHMARKS §5)
         self.logits_all = logits_all
-        # >0: llama.cpp's state after each answer is kept (LRU, this many MB of KV state), so a
-        # trainer's next prompt resumes from its own last one, not from another trainer's
-        self.prompt_cache_mb = prompt_cache_mb
         self.model_path = str(model_path)
         self.host = host
         self._auto_port = not port  # chosen here: another may take it before the server binds
@@ -102,9 +98,6 @@ class AgentService:
                "--host", self.host, "--port", str(self.port), "--n_threads", str(self.threads),
                "--n_threads_batch", str(self.threads), "--n_ctx", str(self.n_ctx),
                "--logits_all", "true" if self.logits_all else "false"]
-        if self.prompt_cache_mb > 0:
-            cmd += ["--cache", "true", "--cache_type", "ram",
-                    "--cache_size", str(int(self.prompt_cache_mb) << 20)]
         if self.chat_format:
             cmd += ["--chat_format", self.chat_format]
         if self.model_alias:
