@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rudder.agent.context import ContextBuilder  # noqa: E402
-from rudder.agent.decision import DecisionMaker, HttpBackend, warm_prompt  # noqa: E402
+from rudder.agent.decision import DecisionMaker, HttpBackend  # noqa: E402
 from rudder.agent.eval import percentile  # noqa: E402
 from rudder.agent.messages import START_WINDOW, HistoryEntry, budget_rows  # noqa: E402
 from rudder.agent.models import resolve  # noqa: E402
