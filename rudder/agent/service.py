@@ -72,8 +72,8 @@ class AgentService:
                              " (all_interfaces=True: the per-node service of a local study)")
         self.cpus = list(cpus) if cpus else None  # pin the server's threads to these cores
         # llama_cpp.server defaults to logits for every prompt token (for logprobs, which the
-        # agent never asks for): the vocabulary projection of each one (151k rows for Qwen),
-        # copied into a numpy array, made reading a prompt ~40% slower (BENCHMARKS §5)
+        # agent never asks for): projecting each one onto the vocabulary (151k for Qwen) and
+        # copying it into numpy made the warm-up 158 s instead of 54 s (BENCHMARKS §5)
         self.logits_all = logits_all
         self.model_path = str(model_path)
         self.host = host
