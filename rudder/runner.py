@@ -182,14 +182,16 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
 
 def node_agent_service(cfg: RunConfig, launch=None) -> dict | None:
     """The study's per-node agent service (started here by the first agent run on this node),
-    when the run uses the agent over HTTP inside a study that set RUDDER_AGENT_NODE_DIR and its
-    machines are emulated on this host; else None (single runs keep their own service)."""
-    from rudder.agent.service import NODE_DIR_ENV, ensure_node_service
+    when the run uses the agent over HTTP inside a study whose launch names the folder of its
+    node services (launch.agent_node_dir) and its machines are emulated on this host; else None
+    (single runs keep their own service)."""
+    from rudder.agent.service import ensure_node_service
     from rudder.cluster.launch import Launch
 
-    node_dir = os.environ.get(NODE_DIR_ENV)
+    launch = Launch.of(launch)
+    node_dir = launch.agent_node_dir
     if (not node_dir or cfg.prefetch.policy != "agent" or cfg.agent.backend != "http"
-            or cfg.agent.url or Launch.of(launch).type != "local"):
+            or cfg.agent.url or launch.type != "local"):
         return None
     c, a = cfg.cluster, cfg.agent
     return ensure_node_service(node_dir, a.model.name, a.model.path, a.threads, a.prompt,

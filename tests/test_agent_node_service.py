@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from rudder.agent.policy import wait_http
-from rudder.agent.service import (NODE_DIR_ENV, ensure_node_service, spare_cpus,
-                                  stop_node_services)
+from rudder.agent.service import ensure_node_service, spare_cpus, stop_node_services
 from rudder.config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _alive(pid: int) -> bool:
@@ -22,36 +24,78 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_single_runs_and_other_launchers_keep_their_own_service(monkeypatch, tmp_path):
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def test_single_runs_and_other_launchers_keep_their_own_service(tmp_path):
     from rudder.runner import agent_service_argv, node_agent_service
 
     cfg = RunConfig.model_validate({"prefetch": {"policy": "agent"}, "agent": {"backend": "http"}})
-    monkeypatch.delenv(NODE_DIR_ENV, raising=False)
     assert node_agent_service(cfg) is None and agent_service_argv(cfg) is not None
-    monkeypatch.setenv(NODE_DIR_ENV, str(tmp_path))
-    assert node_agent_service(cfg, {"type": "slurm"}) is None  # Slurm nodes: a service per run
+    assert node_agent_service(cfg, {"type": "local"}) is None  # no node folder: a single run
+    study = {"agent_node_dir": str(tmp_path)}
+    assert node_agent_service(cfg, {"type": "slurm", **study}) is None  # Slurm: a service per run
     inproc = RunConfig.model_validate({"prefetch": {"policy": "agent"}})
-    assert node_agent_service(inproc, {"type": "local"}) is None  # in-process stays in-process
+    assert node_agent_service(inproc, {"type": "local", **study}) is None  # in-process stays
     assert not list(tmp_path.iterdir())
 
 
+def test_the_study_hands_its_node_folder_to_local_runs_in_their_launch(tmp_path):
+    """The folder travels as data (the launch each train app gets), not through the environment."""
+    from rudder.cluster.launch import Launch
+    from rudder.workflow.dag import StudyDAG
+    from rudder.workflow.execution import split_execution_file
+    from rudder.workflow.study import expand, parse_study
+
+    study = expand(parse_study({"name": "s", "datasets": ["synth-tiny"], "machines": [2],
+                                "policies": ["agent"]}), runs_dir="runs")
+    local, _ = split_execution_file(REPO / "configs" / "local.yaml")
+    dag = StudyDAG(study, local, tmp_path / "runs", tmp_path / "r.duckdb", None, cwd=tmp_path)
+    assert dag.agent_node_dir == str(tmp_path / "runs" / "s" / "agent-node")
+    launch = Launch.of({**local.launch.model_dump(), "agent_node_dir": dag.agent_node_dir})
+    assert Launch.of(launch.to_dict()) == launch  # survives the trip to the run's process
+    slurm = local.model_copy(update={"launch": local.launch.model_copy(update={"type": "slurm"})})
+    assert StudyDAG(study, slurm, tmp_path / "runs", tmp_path / "r.duckdb", None).agent_node_dir is None
+    assert StudyDAG(study, local, tmp_path / "runs", tmp_path / "r.duckdb", None,
+                    remote=True).agent_node_dir is None
+
+
 def test_spare_cpus_only_when_the_node_has_cores_to_spare():
-    n = len(os.sched_getaffinity(0))
-    assert spare_cpus(1, n) is None  # every core has a trainer
-    if n >= 2:
-        assert spare_cpus(1, n - 1) == [sorted(os.sched_getaffinity(0))[-1]]
+    # a core per trainer, the model's threads and one more (DistDGL's servers): else not pinned
+    assert spare_cpus(1, 2, cpus=range(2)) is None  # this 2-core host: they share
+    assert spare_cpus(1, 2, cpus=range(3)) is None
+    assert spare_cpus(1, 2, cpus=range(4)) == [3]
+    assert spare_cpus(2, 4, cpus=range(8)) == [6, 7]
+    assert spare_cpus(2, 4, cpus=range(6)) is None
+    assert spare_cpus(1, 1, cpus=[5, 9, 2, 9]) == [9]  # the last allowed core, not the last index
+    assert spare_cpus(1, 0, cpus=range(3)) == [2]  # no trainer yet still leaves one for them
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        spare_cpus(0, 2, cpus=range(8))
+    n = len(os.sched_getaffinity(0))  # default: the cores this process may use
+    assert spare_cpus(1, n) is None
+    if n >= 3:
+        assert spare_cpus(1, n - 2) == [sorted(os.sched_getaffinity(0))[-1]]
 
 
 @pytest.mark.slow
 def test_started_once_reused_then_stopped(tmp_path):
-    first = ensure_node_service(tmp_path, "smollm2-135m", threads=1, prompt="default")
+    core = sorted(os.sched_getaffinity(0))[-1]  # pinned as on a node with cores to spare
+    first = ensure_node_service(tmp_path, "smollm2-135m", threads=1, prompt="default", cpus=[core])
     try:
-        assert not first["reused"] and _alive(first["pid"])
+        assert not first["reused"] and _alive(first["pid"]) and first["cpus"] == [core]
         again = ensure_node_service(tmp_path, "smollm2-135m", threads=1)
         assert again["reused"] and again["pid"] == first["pid"]  # one model per node
         url = f"http://127.0.0.1:{first['port']}"
         waited = wait_http(url, 240.0)
         assert waited < 240.0, (tmp_path / f"{first['node']}.log").read_text()[-2000:]
+        # the model server (the node service's child) and each of its threads run on that core only
+        server = _children(first["pid"])
+        assert len(server) == 1, server
+        tasks = [int(t) for t in os.listdir(f"/proc/{server[0]}/task")]
+        assert len(tasks) > 1  # llama.cpp's and uvicorn's threads, started after the pinning
+        assert {t: os.sched_getaffinity(t) for t in tasks} == {t: {core} for t in tasks}
         # bound to every interface: reachable at a non-loopback address of this host too
         import socket
 

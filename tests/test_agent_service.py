@@ -114,6 +114,42 @@ def test_service_entry_point_ready_and_stops_on_sigterm(tmp_path):
             proc.wait(10)
 
 
+# What bounds how often the agent can decide in a run is the server's time per answer, most of
+# it reading the prompt; these two catch the regressions that made it slower (BENCHMARKS §5).
+def test_server_skips_logits_of_prompt_tokens():
+    """llama_cpp.server's default (logits_all=true) projects every prompt token onto the whole
+    vocabulary and copies the result: nothing the agent reads, ~40% of each answer's time."""
+    argv = AgentService("m.gguf").argv()
+    assert argv[argv.index("--logits_all") + 1] == "false"
+    argv = AgentService("m.gguf", logits_all=True).argv()
+    assert argv[argv.index("--logits_all") + 1] == "true"
+
+
+@pytest.mark.slow  # serves SmolLM2
+def test_server_reads_only_the_new_part_of_each_trainers_prompt(service):
+    """Trainers of two ranks take turns on one server: after the warm-up, each prompt's system
+    text and canned examples come from the server's KV cache; it reads only the rest."""
+    import re
+
+    from rudder.agent.context import CANNED, CANNED_CONTEXT
+    from rudder.agent.decision import warm_prompt
+
+    m = DecisionMaker(HttpBackend(service.url, model="smollm2-135m"), "smollm2-135m", timeout_s=300)
+    pos = service.log_path.stat().st_size
+    m.warm(warm_prompt())
+    for rank in (0, 1, 0):
+        ctx = {**CANNED_CONTEXT, "rank": rank, "part_id": rank}
+        w = {**CANNED[1]["window"], "window": 7 + rank}
+        m.decide(ContextBuilder(ctx).build(w, [], CANNED[1]["recent"]))
+    time.sleep(0.5)  # the server logs its timings after answering
+    text = service.log_path.read_bytes()[pos:].decode(errors="replace")
+    hits = [(int(a), int(b)) for a, b in
+            re.findall(r"(\d+) prefix-match hit, remaining (\d+) prompt tokens", text)]
+    assert len(hits) >= 3, text[-3000:]
+    for cached, read in hits[-3:]:
+        assert cached > 4 * read, hits  # the constant prefix is most of every prompt
+
+
 def test_service_refuses_wildcard_and_reports_early_exit(tmp_path):
     with pytest.raises(ValueError, match="not all"):
         AgentService("x.gguf", host="0.0.0.0")

@@ -147,6 +147,23 @@ def test_default_study_is_small_and_complete():
     assert {r.point["policy"] for r in big.runs} == policies
 
 
+def test_default_study_gives_the_agent_at_least_5_questions_per_trainer():
+    """Each agent trainer asks at every closed window (and once at the start when it samples
+    ahead): enough minibatches that the model can be asked 5+ times; whether it answers that
+    often is the server's time per answer (tests/test_agent_service.py, BENCHMARKS §5/§6)."""
+    from rudder.data.synthetic import PRESETS
+
+    ex, base = split_execution_file(CONFIGS / "local.yaml")
+    study = load_study(CONFIGS / "studies" / "local_default.yaml", base)
+    for run in (r for r in study.runs if r.point["policy"] == "agent"):
+        c = run.config
+        spec = PRESETS[c.dataset.name]
+        train_per_trainer = spec.nodes * spec.train_frac / (c.cluster.machines * c.cluster.trainers_per_machine)
+        steps = -(-int(train_per_trainer) // c.train.batch_size) * c.train.epochs
+        questions = steps // c.prefetch.window + (c.agent.start_decision and c.prefetch.lookahead > 0)
+        assert questions >= 5, (run.run_id, steps, questions)
+
+
 # -- execution configs ----------------------------------------------------------------------------
 
 def test_execution_errors_name_the_key(tmp_path):

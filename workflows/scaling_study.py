@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -135,16 +134,12 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
     from rudder.workflow.execution import build_parsl_config, prepare_environment
     from rudder.workflow.gate import gate_apps
 
-    from rudder.agent.service import NODE_DIR_ENV, stop_node_services
+    from rudder.agent.service import stop_node_services
 
+    # One agent service per node for the whole study (the first agent run on a node starts it,
+    # the others use it): dag.agent_node_dir, handed to each run in its launch.
     dag = StudyDAG(study, ex, runs_dir, db, report_dir, remote=remote, rerun=rerun)
     prepare_environment(REPO)
-    # One agent service per node for the whole study (the first agent run on a node starts it,
-    # the others use it): where they are recorded, inherited by Parsl's workers and the runs.
-    node_dir = None
-    if not remote:
-        node_dir = (Path(runs_dir) / study.name / "agent-node").resolve()
-        os.environ[NODE_DIR_ENV] = str(node_dir)
     # (with an endpoint RUNS_DIR names the endpoint's filesystem: Parsl's logs stay here)
     parsl_dir = ex.parsl_run_dir or ("runinfo" if remote else str(Path(runs_dir) / study.name / "runinfo"))
     config = build_parsl_config(ex, run_dir=parsl_dir, globus_executor_factory=globus_executor_factory)
@@ -157,10 +152,9 @@ def run_study(study, ex, runs_dir: str, db: str, report_dir: str | None, *,
     finally:
         dfk.cleanup()
         parsl.clear()
-        if node_dir is not None:  # the block has ended: its node services go with it
-            if stop_node_services(node_dir):
-                log.info("stopped the agent node service(s) in %s", node_dir)
-            os.environ.pop(NODE_DIR_ENV, None)
+        if dag.agent_node_dir:  # the block has ended: its node services go with it
+            if stop_node_services(dag.agent_node_dir):
+                log.info("stopped the agent node service(s) in %s", dag.agent_node_dir)
     return dag
 
 

@@ -36,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterable
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,15 @@ class AgentService:
                  threads: int = 1, n_ctx: int = N_CTX, chat_format: str | None = None,
                  ready_timeout_s: float = 60.0, log_path: str | Path | None = None,
                  model_alias: str | None = None, all_interfaces: bool = False,
-                 cpus: list[int] | None = None):
+                 cpus: list[int] | None = None, logits_all: bool = False):
         if host in ("0.0.0.0", "::", "") and not all_interfaces:
             raise ValueError("AgentService binds to one address (the node's or loopback), not all"
                              " (all_interfaces=True: the per-node service of a local study)")
         self.cpus = list(cpus) if cpus else None  # pin the server's threads to these cores
+        # llama_cpp.server defaults to logits for every prompt token (for logprobs, which the
+        # agent never asks for): projecting each one onto the vocabulary (151k for Qwen) and
+        # copying it into numpy made the warm-up 158 s instead of 54 s (BENCHMARKS §5)
+        self.logits_all = logits_all
         self.model_path = str(model_path)
         self.host = host
         self._auto_port = not port  # chosen here: another may take it before the server binds
@@ -91,7 +96,8 @@ class AgentService:
     def argv(self) -> list[str]:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path,
                "--host", self.host, "--port", str(self.port), "--n_threads", str(self.threads),
-               "--n_threads_batch", str(self.threads), "--n_ctx", str(self.n_ctx)]
+               "--n_threads_batch", str(self.threads), "--n_ctx", str(self.n_ctx),
+               "--logits_all", "true" if self.logits_all else "false"]
         if self.chat_format:
             cmd += ["--chat_format", self.chat_format]
         if self.model_alias:
@@ -268,16 +274,21 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- the per-node service of a study ------------------------------------------------------------
 
-NODE_DIR_ENV = "RUDDER_AGENT_NODE_DIR"  # set by the study: where node services are recorded
+SPARE_RESERVE = 1  # a core left besides the trainers' and the model's: DistDGL's servers, the OS
 
 
-def spare_cpus(threads: int, trainers: int) -> list[int] | None:
-    """The cores to pin the model's threads to: the node's last `threads` cores when it has at
-    least one core per trainer besides them (else None: not pinned, on a small host they share)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < threads + max(1, trainers):
+def spare_cpus(threads: int, trainers: int, cpus: Iterable[int] | None = None,
+               reserve: int = SPARE_RESERVE) -> list[int] | None:
+    """The cores to pin the model's threads to: the node's last `threads` of `cpus` (default:
+    the cores this process may use) when the node has a core per trainer and `reserve` more
+    besides them; else None (not pinned: on a small host the model shares the trainers' cores,
+    and pinning it to one of them would only take that core's time from a trainer)."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    cores = sorted(set(os.sched_getaffinity(0) if cpus is None else cpus))
+    if len(cores) < threads + max(1, trainers) + reserve:
         return None
-    return cpus[-threads:]
+    return cores[-threads:]
 
 
 def _alive(pid: int) -> bool:
@@ -304,11 +315,12 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 def ensure_node_service(state_dir: str | Path, model: str, model_path: str | None = None,
                         threads: int = 1, prompt: str = "default", trainers: int = 1,
-                        ready_timeout_s: float = 600.0) -> dict:
+                        ready_timeout_s: float = 600.0, cpus: list[int] | None = None) -> dict:
     """The study's agent service on this node: started by the first caller (detached, its own
     session, so it outlives the run that started it), found running by the next ones. Returns
     its record {pid, port, model, ready_file, started_at, cpus}. Does not wait for the model:
-    trainers wait for it to answer (agent.ready_timeout_s)."""
+    trainers wait for it to answer (agent.ready_timeout_s). `cpus`: the cores its threads are
+    pinned to (default: `spare_cpus`, none on a node without cores to spare)."""
     import fcntl
 
     state_dir = Path(state_dir)
@@ -326,7 +338,7 @@ def ensure_node_service(state_dir: str | Path, model: str, model_path: str | Non
         port = free_port("0.0.0.0")
         ready = state_dir / f"{node}.ready"
         ready.unlink(missing_ok=True)
-        cpus = spare_cpus(threads, trainers)
+        cpus = list(cpus) if cpus else spare_cpus(threads, trainers)
         argv = [sys.executable, "-m", "rudder.agent.service", "--model", model,
                 *(["--path", model_path] if model_path else []), "--all-interfaces",
                 "--port", str(port), "--threads", str(threads), "--prompt", prompt,

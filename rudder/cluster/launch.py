@@ -23,6 +23,9 @@ class Launch:
     type: str = "local"  # local | slurm
     ifname: str | None = None  # slurm: the interface in DGL's ip_config (hsn0 on Perlmutter)
     srun_args: list[str] = field(default_factory=list)  # slurm: extra options of the machines' srun
+    # local: the folder of the study's per-node agent services (rudder.agent.service; set by the
+    # study for its block, not by users); None: a run starts its own agent service
+    agent_node_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.type not in LAUNCHERS:
@@ -39,12 +42,13 @@ class Launch:
             return value
         if not isinstance(value, dict):
             raise ClusterError(f"launch must be a mapping, got {type(value).__name__}")
-        unknown = set(value) - {"type", "ifname", "srun_args"}
+        unknown = set(value) - {"type", "ifname", "srun_args", "agent_node_dir"}
         if unknown:
             raise ClusterError(f"launch: unknown key(s) {', '.join(sorted(unknown))}; "
-                               "valid: type, ifname, srun_args")
+                               "valid: type, ifname, srun_args, agent_node_dir")
         return cls(type=value.get("type") or "local", ifname=value.get("ifname") or None,
-                   srun_args=value.get("srun_args") or [])
+                   srun_args=value.get("srun_args") or [],
+                   agent_node_dir=value.get("agent_node_dir") or None)
 
     def to_dict(self) -> dict:
         return asdict(self)

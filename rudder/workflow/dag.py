@@ -91,6 +91,10 @@ class StudyDAG:
         self.cwd = Path(cwd or os.getcwd())
         self.remote = remote  # run directories are not visible from here (Globus Compute)
         self.rerun = rerun  # run complete runs again (the train task would skip them otherwise)
+        # one agent model server per node for the block, recorded here; handed to each run in
+        # its launch (local launches only: Slurm machines each start their own)
+        self.agent_node_dir = (None if remote or ex.launch.type != "local" else
+                               str(self._abs(self.runs_dir / study.name / "agent-node")))
         self.states = [RunState(r) for r in study.runs]
         self.started_at = time.time()
         self.stage_futs: dict[tuple, Any] = {}
@@ -187,6 +191,8 @@ class StudyDAG:
     def submit(self, apps) -> None:
         """Submits stage, partition and train apps (Parsl resolves their dependencies)."""
         launch = self.ex.launch.model_dump()
+        if self.agent_node_dir:
+            launch["agent_node_dir"] = self.agent_node_dir
         root = lambda r: r if self.remote else str(self._abs(r))  # noqa: E731
         for skey in self.stages():
             name, r = skey
