@@ -1,5 +1,5 @@
 """A bounded, dynamic index of remote node ids: the universe of a buffer beyond the 1-hop halo
-(issue 17, must-have 3). Not wired into HaloBuffer yet.
+(issue 17, must-have 3): HaloBuffer(universe="remote") finds its per-node state through it.
 
 HaloBuffer keeps per-node state (slot, miss count) in arrays over the halo, found by a binary
 search of the sorted halo ids. Every remote node a trainer samples (2+ hops included) cannot
@@ -44,11 +44,12 @@ class RemoteIndex:
         return known, torch.where(known, self._pos[i], torch.full_like(ids, -1))
 
     def insert(self, ids: torch.Tensor, priority: torch.Tensor | None = None,
-               pinned: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               pinned=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of `ids` [n] (known ones keep theirs; new ones get free positions, then those
         of evicted ids; -1 where no room is left), and the positions evicted (their state is the
         caller's to reset). `priority` [max_nodes]: evict the lowest first (default: any order);
-        `pinned` [max_nodes] bool: never evict (e.g. resident in the buffer). The ids asked now
+        `pinned` [max_nodes] bool, or a function giving it (called only when an eviction is
+        needed): never evict (e.g. resident in the buffer). The ids asked now
         are never evicted to make room for each other."""
         ids = ids.to(torch.int64)
         known, _ = self.lookup(ids)
@@ -61,7 +62,7 @@ class RemoteIndex:
                 keep = torch.zeros(self.max_nodes, dtype=torch.bool)
                 keep[self.lookup(ids)[1][known]] = True  # asked now: stays
                 if pinned is not None:
-                    keep |= pinned
+                    keep |= pinned() if callable(pinned) else pinned
                 cand = torch.nonzero((self.ids >= 0) & ~keep).flatten()
                 if priority is not None and cand.numel() > need:  # the `need` lowest, unsorted
                     cand = cand[torch.topk(priority[cand], need, largest=False, sorted=False).indices]
