@@ -118,6 +118,24 @@ class PrefetchConfig(Strict):
     admit: Literal["misses", "any"] = "misses"
     window: int = Field(10, gt=0)  # minibatches per metrics window (agent, classifier)
     record_trace: bool = True  # remote-access trace for `rudder oracle` and `rudder sim`
+    # What the buffer may hold: the 1-hop `halo`, or any `remote` id the trainer samples (2+ hops
+    # too), found through a bounded RemoteIndex of universe_max_nodes ids (None: 2 x the halo).
+    universe: Literal["halo", "remote"] = "halo"
+    universe_max_nodes: int | None = Field(None, gt=0)
+    capacity_rows: int | None = Field(None, ge=0)  # buffer rows; None: prefetch_fraction x halo
+
+
+def buffer_capacity(pc: PrefetchConfig, num_halo: int) -> int:
+    """Buffer rows: prefetch.capacity_rows, else prefetch_fraction of the halo (memory stays
+    the same whichever universe the rows come from)."""
+    return int(pc.capacity_rows) if pc.capacity_rows is not None else int(pc.prefetch_fraction * num_halo)
+
+
+def universe_max_nodes(pc: PrefetchConfig, num_halo: int, capacity: int) -> int:
+    """Ids the remote universe's index may hold: universe_max_nodes, else 2 x the halo; at
+    least the capacity."""
+    m = pc.universe_max_nodes if pc.universe_max_nodes is not None else 2 * num_halo
+    return max(int(m), capacity, 1)
 
 
 class ModelConfig(Strict):

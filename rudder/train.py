@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     checked.save(args.run_dir, part.rank)
     summary = {"rank": part.rank, "part_id": int(part.part_id), "mismatched_rows": checked.mismatches,
                "checked": check}
+    if feats.buffer is not None and feats.buffer.index is not None:  # the remote universe seen
+        held = len(feats.buffer.index)  # distinct remote ids held (all seen, unless it filled)
+        summary.update(universe_held=held, capacity_frac_remote=fill.capacity / max(held, 1))
     (args.run_dir / f"done-r{part.rank}.json").write_text(json.dumps(summary))
     torch.distributed.barrier()
     import dgl
@@ -234,14 +237,18 @@ def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
     from rudder.prefetch.buffer import HaloBuffer, choose_initial
     from rudder.prefetch.features import BufferedFeatures
 
+    from rudder.config import buffer_capacity, universe_max_nodes
+
     halo, feat = part.halo, part.feat
-    fill = InitialFill(int(pc.prefetch_fraction * halo.numel()))
+    fill = InitialFill(buffer_capacity(pc, halo.numel()))
     buffer = None
     if with_buffer:
         degrees = part.g.in_degrees(halo) if pc.init == "degree" and halo.numel() else None
         init_ids = choose_initial(halo, fill.capacity, pc.init, degrees, seed=seed)
         buffer = HaloBuffer(halo, fill.capacity, int(feat.shape[1]), alpha=pc.alpha, period=pc.period,
-                            dtype=feat.dtype, device=device)
+                            dtype=feat.dtype, device=device, universe=pc.universe,
+                            max_nodes=universe_max_nodes(pc, halo.numel(), fill.capacity)
+                            if pc.universe == "remote" else None)
         t0 = time.perf_counter()
         buffer.fill(init_ids, feat[init_ids] if init_ids.numel() else None)
         fill.seconds = time.perf_counter() - t0
@@ -296,7 +303,10 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
         extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
                "threads": part.threads, "device": describe(device),
                "feature_dtype": str(part.feat.dtype).removeprefix("torch."),
-               "buffer_bytes": feats.buffer.feat_bytes if feats.buffer is not None else 0},
+               "buffer_bytes": feats.buffer.feat_bytes if feats.buffer is not None else 0,
+               "universe": pc.universe, "capacity_frac_halo": capacity / max(int(part.halo.numel()), 1),
+               "universe_max_nodes": feats.buffer.index.max_nodes
+               if feats.buffer is not None and feats.buffer.index is not None else None},
     )
     policy.setup(ctx)
     t_ready = policy.wait_ready(cfg.agent.ready_timeout_s)  # the agent's model loading; others: 0

@@ -294,3 +294,63 @@ def test_a_minibatch_seen_ahead_is_searched_once():
     assert all(torch.equal(a[got[0]], b[expect[0]]) for a, b in zip(got, expect)) and torch.equal(got[0], expect[0])
     buf.locate(mbs[1].clone())  # other storage: searched (the memo keys on the tensor)
     assert searched == [5, 5, 2, 5]
+
+
+# ---- universe="remote": any remote id, through a bounded RemoteIndex (issue 17) ------------
+def test_remote_universe_buffers_and_hits_a_two_hop_id():
+    halo = torch.tensor([10, 20, 30])
+    two_hop = 77  # remote, not a halo node: the halo buffer can never keep it
+    hb = HaloBuffer(halo, 2, 0, store_features=False, alpha=0.5, period=1)
+    lk = Replace("lookahead")
+    sp = begin_step(hb, torch.tensor([two_hop, 10]), lk, [torch.tensor([two_hop])])
+    finish_step(hb, sp)
+    assert two_hop not in hb.contents().tolist()
+
+    rb = HaloBuffer(halo, 2, 0, store_features=False, alpha=0.5, period=1, universe="remote", max_nodes=8)
+    sp = begin_step(rb, torch.tensor([two_hop, 10]), lk, [torch.tensor([two_hop])])
+    assert sp.hits == 0 and two_hop in sp.newcomers.tolist()
+    finish_step(rb, sp)
+    assert two_hop in rb.contents().tolist()
+    sp = begin_step(rb, torch.tensor([two_hop]), None)
+    assert sp.hits == 1 and sp.misses == 0
+    rb.verify()
+    assert rb.universe_nodes() == 2 and rb.num_halo == 3
+
+
+def test_remote_universe_rejects_bad_settings():
+    with pytest.raises(ValueError, match="universe"):
+        HaloBuffer(torch.tensor([1]), 1, universe="khop")
+    with pytest.raises(ValueError, match="max_nodes"):
+        HaloBuffer(torch.tensor([1]), 4, universe="remote", max_nodes=2)
+
+
+@pytest.mark.parametrize("mech", ["lookahead", "massivegnn"])
+def test_remote_universe_serves_true_rows_while_its_index_evicts(mech):
+    """A small index (max_nodes 40) over ~200 remote ids evicts all the time: every row served
+    from the buffer must still be the true row of its id (no stale state after an eviction)."""
+    from rudder.prefetch.features import BufferedFeatures
+
+    g = torch.Generator().manual_seed(3)
+    N, local, D = 260, 60, 4
+    feat = torch.randn(N, D, generator=g)
+    owner_of = lambda ids: (ids >= local).long()  # noqa: E731  partition 0 owns 0..59
+    halo = torch.arange(local, local + 50)
+    buf = HaloBuffer(halo, 16, D, alpha=0.2, period=3, universe="remote", max_nodes=40)
+    buf.fill(halo[:8], feat[halo[:8]])
+    bf = BufferedFeatures(feat, owner_of, 0, buf, local_id=0)
+    # skewed draws: some remote ids recur (hits), many are seen once (index churn)
+    w = torch.cat([torch.full((local,), 1.0), torch.linspace(8, 0.2, N - local)])
+    batches = [torch.unique(torch.multinomial(w, 40, generator=g)) for _ in range(40)]
+    remotes = [bf.remote_ids(b) for b in batches]
+    hits = 0
+    for i, b in enumerate(batches):
+        plan = Replace(mech) if mech == "lookahead" or i % 3 == 0 else None
+        out, st = bf.fetch(b, plan, remotes[i + 1:i + 5], remote=remotes[i])
+        assert torch.equal(out, feat[b])
+        buf.verify()
+        held = buf.slot_pos >= 0
+        assert torch.equal(buf.feats[held], feat[buf.halo[buf.slot_pos[held]]])  # rows match ids
+        hits += st.hits
+    assert hits > 0
+    assert len(buf.index) == 40  # full: ids were evicted along the way
+    assert bool((buf.halo[buf.slot_pos[buf.slot_pos >= 0]] >= local).all())

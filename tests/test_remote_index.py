@@ -83,3 +83,22 @@ def test_random_sequences_keep_the_invariants(seed):
         # room was taken whenever any existed: a bypassed id means no free or evictable slot
         if (pos < 0).any():
             assert (ix.ids >= 0).all()
+
+
+def test_pinned_may_be_a_function_called_only_when_an_eviction_is_needed():
+    calls = []
+
+    def pinned():
+        calls.append(1)
+        m = torch.zeros(3, dtype=torch.bool)
+        m[idx.lookup(torch.tensor([5]))[1]] = True  # id 5 stays
+        return m
+
+    idx = RemoteIndex(3)
+    idx.insert(torch.tensor([5, 6, 7]), pinned=pinned)
+    assert not calls  # room enough: not called
+    pos, evicted = idx.insert(torch.tensor([8]), torch.tensor([0.0, 1.0, 2.0]), pinned=pinned)
+    assert calls and evicted.numel() == 1
+    known, _ = idx.lookup(torch.tensor([5, 8]))
+    assert bool(known.all()) and int(pos[0]) == int(evicted[0])
+    idx.verify()

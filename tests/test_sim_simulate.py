@@ -211,3 +211,30 @@ def test_sim_cli_shows_what_caches_evict(tmp_path, trace, capsys):
     assert int(cells["admitted"]) == simulate(trace, "lru").summary()["evictions"] > 0
     sim_help = build_parser()._subparsers._group_actions[0].choices["sim"].format_help()
     assert "rudder collect" in sim_help and "results collect" not in sim_help
+
+
+@pytest.mark.parametrize("max_nodes", [None, 400])
+def test_replay_with_the_remote_universe_keeps_two_hop_ids(max_nodes):
+    """universe=remote in the replay: the buffer (its own bounded RemoteIndex over the trace's
+    remote ids) holds ids beyond the halo and hits them; with a small index (400 of ~1,200
+    remote ids) it evicts ids and stays consistent (verify each step)."""
+    from rudder.config import PrefetchConfig
+    from rudder.sim.simulate import PolicySpec
+
+    base = random_trace(halo=300, minibatches=60, batch=120, nonhalo=0.4, capacity=0.25, skew=0.6, epochs=2, seed=4)
+    hot = np.setdiff1d(np.arange(20_000, 20_030), base.ids)  # 2-hop ids in every minibatch
+    mbs = [np.concatenate([base.minibatch(i), hot]) for i in range(base.num_minibatches)]
+    tr = Trace(halo=base.halo, offsets=np.cumsum([0] + [m.size for m in mbs]), ids=np.concatenate(mbs),
+               epoch=base.epoch, init=base.init, capacity=base.capacity)
+    pc = dict(policy="lookahead", universe="remote", universe_max_nodes=max_nodes)
+    remote = simulate(tr, PolicySpec("lookahead", "lookahead", PrefetchConfig(**pc)), verify=True)
+    halo = simulate(tr, "lookahead", verify=True)
+    s = remote.summary()
+    assert s["universe"] == "remote" and halo.summary()["universe"] == "halo"
+    assert s["capacity_frac_halo"] == pytest.approx(tr.capacity / 300)
+    assert s["capacity_frac_remote"] < s["capacity_frac_halo"]
+    assert s["universe_max_nodes"] == (max_nodes or 600)
+    assert s["universe_held"] <= s["universe_max_nodes"]
+    assert s["remote_rows"] == halo.summary()["remote_rows"]
+    # the hot 2-hop ids are kept and hit: more hits than a halo-only buffer of the same rows
+    assert s["hits"] > halo.summary()["hits"] + 20 * hot.size

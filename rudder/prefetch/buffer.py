@@ -24,6 +24,9 @@ from __future__ import annotations
 import torch
 
 from rudder.prefetch.nextuse import RING, WindowNextUse, next_use_scratch
+from rudder.prefetch.remote_index import RemoteIndex
+
+UNIVERSES = ("halo", "remote")  # what the buffer may hold: the 1-hop halo, or any remote id
 
 
 class HaloBuffer:
@@ -40,17 +43,32 @@ class HaloBuffer:
         dtype: torch.dtype = torch.float32,
         store_features: bool = True,
         device: torch.device | str = "cpu",
+        universe: str = "halo",
+        max_nodes: int | None = None,
     ):
-        self.halo = torch.unique(halo_ids.to(torch.int64))  # sorted
+        if universe not in UNIVERSES:
+            raise ValueError(f"unknown universe {universe!r}; valid: {', '.join(UNIVERSES)}")
+        self.universe = universe
+        self.num_halo = int(torch.unique(halo_ids).numel())
+        self.index: RemoteIndex | None = None
+        self._held: torch.Tensor = _EMPTY  # the current minibatch's positions (remote universe)
+        if universe == "halo":
+            self.halo = torch.unique(halo_ids.to(torch.int64))  # sorted
+            self._build_index()
+        else:  # every remote id sampled, each given a position on first sight (RemoteIndex)
+            if max_nodes is None or max_nodes < capacity:
+                raise ValueError(f"universe=remote needs max_nodes >= capacity ({capacity}), got {max_nodes}")
+            self.index = RemoteIndex(max_nodes)
+            self.halo = self.index.ids  # position -> id (-1: free), updated in place by the index
         H = self.halo.numel()
-        self._build_index()
         self._pos_memo: dict = {}
         self._next_use: WindowNextUse | None = None  # made by the first lookahead round
         self._planned: tuple | None = None  # (ids, halo positions) of the last plan's newcomers
         self._scratch: torch.Tensor | None = None  # gather_into's rows, reused
         self._row_map: torch.Tensor | None = None  # rows_at's halo position -> row, reused
         if capacity < 0 or capacity > H:
-            raise ValueError(f"capacity {capacity} must be in [0, {H}] (the halo size)")
+            raise ValueError(f"capacity {capacity} must be in [0, {H}] (the "
+                             f"{'halo size' if universe == 'halo' else 'remote index max_nodes'})")
         self.capacity = int(capacity)
         self.decay = 1.0 - alpha
         self.threshold = self.decay**period
@@ -76,6 +94,8 @@ class HaloBuffer:
     def halo_positions(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(is_halo mask, halo position) for each id; position is garbage where not halo.
         A binary search restricted to the id's bucket: a few gathers over the whole batch."""
+        if self.index is not None:
+            return self._remote_positions(ids)
         H = self.halo.numel()
         if H == 0 or ids.numel() == 0:
             z = torch.zeros(ids.numel(), dtype=torch.int64)
@@ -91,6 +111,32 @@ class HaloBuffer:
         pos = lo.clamp_(max=H - 1)
         return self.halo.index_select(0, pos) == ids, pos
 
+    # ---- the remote universe (universe="remote") -------------------------------------------
+    def _remote_positions(self, ids: torch.Tensor, insert: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(known, position) of each id in the RemoteIndex; `insert`: ids seen first get a
+        position (no room: bypassed, known False). An id that gives its position up is neither
+        buffered, nor in the lookahead window, nor this minibatch's, nor in a memoised minibatch
+        (`_pinned`); its miss count restarts at 0 (a newcomer to the index knows no history)."""
+        ids = ids.to(torch.int64)
+        if insert and ids.numel():
+            pos, evicted = self.index.insert(ids, self.miss_count, self._pinned)
+            if evicted.numel():
+                self.miss_count.index_fill_(0, evicted, 0.0)
+        else:
+            pos = self.index.lookup(ids)[1]
+        known = pos >= 0
+        return known, pos.clamp(min=0)
+
+    def _pinned(self) -> torch.Tensor:
+        """Positions whose ids must keep them: buffered, this minibatch's, used in the
+        lookahead window or memoised for a sampled-ahead minibatch (their positions are held)."""
+        keep = self.slot_of >= 0
+        for p in [self._held, *(m[3] for m in self._pos_memo.values())]:
+            keep.index_fill_(0, p, True)
+        if self._next_use is not None:
+            keep |= self._next_use.used()
+        return keep
+
     def lookup(self, remote_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Splits remote ids into hits and misses: (hit mask, slot or -1)."""
         _, _, slots = self.locate(remote_ids)
@@ -101,6 +147,8 @@ class HaloBuffer:
         A minibatch that an earlier lookahead round saw ahead is not searched again (memo)."""
         hit = self._memo(ids)
         is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
+        if self.index is not None:
+            self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
         slots = torch.where(is_halo, self.slot_of.index_select(0, pos), -1)
         return is_halo, pos, slots
 
@@ -190,6 +238,9 @@ class HaloBuffer:
         if not future:
             return 0
         ids = torch.unique(torch.cat(future))
+        if self.index is not None:  # every remote id counts; a look only (nothing inserted)
+            known, pos = self._remote_positions(ids, insert=False)
+            return int((~(known & (self.slot_of.index_select(0, pos) >= 0))).sum())
         is_halo, _ = self.halo_positions(ids)
         hit, _ = self.lookup(ids[is_halo])
         return int((~hit).sum())
@@ -324,7 +375,8 @@ class HaloBuffer:
         new_pos = self.planned_positions(new_ids)
         self._planned = None
         if new_pos is None:
-            _, new_pos = self.halo_positions(new_ids)
+            _, new_pos = (self.halo_positions(new_ids) if self.index is None
+                          else self._remote_positions(new_ids, insert=False))
         # (slots, old and new positions are each duplicate-free: scatter_ is index_put here)
         old_pos = self.slot_pos.index_select(0, slots)
         had = old_pos >= 0
@@ -345,6 +397,10 @@ class HaloBuffer:
     def contents(self) -> torch.Tensor:
         return self.halo[self.slot_pos[self.slot_pos >= 0]]
 
+    def universe_nodes(self) -> int:
+        """Ids the buffer's universe holds now: the halo, or the remote ids the index keeps."""
+        return self.num_halo if self.index is None else len(self.index)
+
     def verify(self) -> None:
         """Invariants (tests call this): maps are inverse, no duplicates, within capacity."""
         filled = torch.nonzero(self.slot_pos >= 0).flatten()
@@ -353,6 +409,9 @@ class HaloBuffer:
         assert bool((self.slot_of[pos] == filled).all()), "slot_of/slot_pos disagree"
         assert int((self.slot_of >= 0).sum()) == filled.numel(), "stray slot_of entries"
         assert filled.numel() <= self.capacity
+        if self.index is not None:
+            self.index.verify()
+            assert bool((self.halo[pos] >= 0).all()), "a buffered position lost its id"
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

@@ -1,5 +1,5 @@
 """A bounded, dynamic index of remote node ids: the universe of a buffer beyond the 1-hop halo
-(issue 17, must-have 3). Not wired into HaloBuffer yet.
+(issue 17, must-have 3): HaloBuffer(universe="remote") finds its per-node state through it.
 
 HaloBuffer keeps per-node state (slot, miss count) in arrays over the halo, found by a binary
 search of the sorted halo ids. Every remote node a trainer samples (2+ hops included) cannot
@@ -44,36 +44,54 @@ class RemoteIndex:
         return known, torch.where(known, self._pos[i], torch.full_like(ids, -1))
 
     def insert(self, ids: torch.Tensor, priority: torch.Tensor | None = None,
-               pinned: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               pinned=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of `ids` [n] (known ones keep theirs; new ones get free positions, then those
         of evicted ids; -1 where no room is left), and the positions evicted (their state is the
         caller's to reset). `priority` [max_nodes]: evict the lowest first (default: any order);
-        `pinned` [max_nodes] bool: never evict (e.g. resident in the buffer). The ids asked now
+        `pinned` [max_nodes] bool, or a function giving it (called only when an eviction is
+        needed): never evict (e.g. resident in the buffer). The ids asked now
         are never evicted to make room for each other."""
         ids = ids.to(torch.int64)
-        known, _ = self.lookup(ids)
+        known, pos = self.lookup(ids)  # the one search of the held ids
         new = torch.unique(ids[~known])
         evicted = _EMPTY
-        if new.numel():
-            free = torch.nonzero(self.ids < 0).flatten()
-            need = new.numel() - free.numel()
-            if need > 0:
-                keep = torch.zeros(self.max_nodes, dtype=torch.bool)
-                keep[self.lookup(ids)[1][known]] = True  # asked now: stays
-                if pinned is not None:
-                    keep |= pinned
-                cand = torch.nonzero((self.ids >= 0) & ~keep).flatten()
-                if priority is not None and cand.numel() > need:  # the `need` lowest, unsorted
-                    cand = cand[torch.topk(priority[cand], need, largest=False, sorted=False).indices]
-                evicted = cand[:need]
-                self.ids[evicted] = -1
-                free = torch.cat([free, evicted])
-            take = min(new.numel(), free.numel())
-            self.ids[free[:take]] = new[:take]  # new is sorted: the smallest ids get room first
-            held = torch.nonzero(self.ids >= 0).flatten()
-            order = torch.argsort(self.ids[held])
-            self._keys, self._pos = self.ids[held][order], held[order]
-        return self.lookup(ids)[1], evicted
+        if not new.numel():
+            return pos, evicted
+        free = torch.nonzero(self.ids < 0).flatten()
+        need = new.numel() - free.numel()
+        if need > 0:
+            keep = torch.zeros(self.max_nodes, dtype=torch.bool)
+            keep[pos[known]] = True  # asked now: stays
+            if pinned is not None:
+                keep |= pinned() if callable(pinned) else pinned
+            cand = torch.nonzero((self.ids >= 0) & ~keep).flatten()
+            if priority is not None and cand.numel() > need:  # the `need` lowest, unsorted
+                cand = cand[torch.topk(priority[cand], need, largest=False, sorted=False).indices]
+            evicted = cand[:need]
+            self.ids[evicted] = -1
+            free = torch.cat([free, evicted])
+            gone = torch.zeros(self.max_nodes, dtype=torch.bool)
+            gone[evicted] = True
+            stay = ~gone.index_select(0, self._pos)
+            self._keys, self._pos = self._keys[stay], self._pos[stay]
+        take = min(new.numel(), free.numel())
+        add, at = new[:take], free[:take]  # new is sorted: the smallest ids get room first
+        self.ids[at] = add
+        # merge the sorted new ids into the sorted keys (no sort of all held ids)
+        U = self._keys.numel() + take
+        dest = torch.searchsorted(self._keys, add) + torch.arange(take)
+        old = torch.ones(U, dtype=torch.bool)
+        old[dest] = False
+        keys, kpos = torch.empty(U, dtype=torch.int64), torch.empty(U, dtype=torch.int64)
+        keys[dest], kpos[dest] = add, at
+        keys[old], kpos[old] = self._keys, self._pos
+        self._keys, self._pos = keys, kpos
+        # positions of the ids asked: known ones kept theirs; new ones from `add` (a small search)
+        if take:
+            j = torch.searchsorted(add, ids).clamp(max=take - 1)
+            got = add[j] == ids
+            pos = torch.where(~known & got, at[j], pos)
+        return pos, evicted
 
     def verify(self) -> None:
         """Invariants (tests call it): keys sorted and unique, each key at its position."""

@@ -47,11 +47,16 @@ class StepCounts:
 
 
 class PositionTrace:
-    """A trace in halo-position space, translated once (one binary search over all accesses)."""
+    """A trace in halo-position space, translated once (one binary search over all accesses).
+    universe="remote": positions over every remote id of the trace (halo ∪ accessed, dense
+    0..U-1); a remote-universe buffer then indexes them through its own bounded RemoteIndex."""
 
-    def __init__(self, trace: Trace):
-        self.trace = trace
-        self.ids = torch.from_numpy(position_ids(trace))
+    def __init__(self, trace: Trace, universe: str = "halo"):
+        from rudder.sim.oracle import all_remote
+
+        self.trace, self.universe = trace, universe
+        self.space = all_remote(trace) if universe == "remote" else trace  # whose halo numbers ids
+        self.ids = torch.from_numpy(position_ids(self.space))
         self.off = trace.offsets.tolist()
         self.ends = epoch_ends(trace.epoch)
         self.epochs, self.steps = trace.epoch.tolist(), trace.steps().tolist()
@@ -135,11 +140,16 @@ class BufferReplayer(Replayer):
 
     def __init__(self, pt: PositionTrace, policy: Policy, capacity: int, *, alpha: float, period: int,
                  depth: int, window: int, verify: bool = False, records: bool = True,
-                 wait_for_answer: Callable[[Policy], float] | None = None):
+                 wait_for_answer: Callable[[Policy], float] | None = None, max_nodes: int | None = None):
         super().__init__()
         self.pt, self.policy, self.depth, self.verify = pt, policy, depth, verify
         self.records = records
-        self.buf = PositionBuffer(pt.trace.num_halo, capacity, alpha=alpha, period=period)
+        if pt.universe == "remote":  # ids are positions in pt.space; the index is the buffer's
+            halo = np.searchsorted(pt.space.halo, pt.trace.halo)
+            self.buf = HaloBuffer(torch.from_numpy(halo), capacity, 0, store_features=False, alpha=alpha,
+                                  period=period, universe="remote", max_nodes=max_nodes)
+        else:
+            self.buf = PositionBuffer(pt.trace.num_halo, capacity, alpha=alpha, period=period)
         self.collector = MetricsCollector(window)
         self.wait_for_answer = wait_for_answer
         self.windows: list[dict] = []
@@ -148,6 +158,9 @@ class BufferReplayer(Replayer):
         self.clock = None  # rudder.sim.timemodel.Clock: records then carry the modelled times
 
     def fill(self, init: np.ndarray) -> None:
+        """`init`: halo positions (of pt.trace), in either universe."""
+        if init.size and self.pt.universe == "remote":
+            init = np.searchsorted(self.pt.space.halo, self.pt.trace.halo[init])
         if init.size:
             self.buf.fill(torch.from_numpy(np.sort(init)))
         self.initial_fill = int(init.size)

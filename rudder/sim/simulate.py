@@ -302,9 +302,11 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
                      time_model=None) -> SimResult:
     from rudder.prefetch.policies import make_policy
 
+    from rudder.config import universe_max_nodes
+
     pc = spec.prefetch
     pol = make_policy(pc, **spec.extra)
-    pt = PositionTrace(trace)
+    pt = PositionTrace(trace, pc.universe)
     if not pol.uses_buffer:  # plain DistDGL: every remote row pulled every time
         t0 = time.perf_counter()
         counts = replay(pt, NoBufferReplayer())
@@ -317,7 +319,8 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
     # replacement rules are HaloBuffer's own, planned as the training pipeline plans them.
     wait = (lambda p: _wait_for_answer(p, agent_wait_s)) if agent_sync else None
     rp = BufferReplayer(pt, pol, C, alpha=pc.alpha, period=pc.period, depth=sample_ahead(pc),
-                        window=pc.window, verify=verify, wait_for_answer=wait)
+                        window=pc.window, verify=verify, wait_for_answer=wait,
+                        max_nodes=universe_max_nodes(pc, trace.num_halo, C))
     rp.fill(init)
     if time_model is not None:
         rp.clock = time_model.clock()
@@ -328,6 +331,11 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
     pol.close()  # (a trailing partial window is not closed: training does not close it either)
     res = SimResult(spec.spec, rank, trace, C, rp.initial_fill, counts, seconds, rp.windows,
                     [*rp.decisions, *pol.decisions()])
+    # the same memory as a share of each universe (halo; every remote id the trace holds)
+    res.extra.update(universe=pc.universe, capacity_frac_halo=C / max(trace.num_halo, 1),
+                     capacity_frac_remote=C / max(int(np.union1d(trace.halo, trace.ids).size), 1))
+    if pc.universe == "remote":
+        res.extra.update(universe_max_nodes=rp.buf.index.max_nodes, universe_held=len(rp.buf.index))
     if rp.waited:
         res.extra["agent_wait_s"] = rp.waited
     if hasattr(pol, "pass_at_1"):
