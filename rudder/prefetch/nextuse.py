@@ -104,7 +104,7 @@ class WindowNextUse:
 
     def _room(self, m: int) -> None:
         """Room for m more entries in link: first drop those of minibatches that left (shifting
-        the `last` indices), then grow."""
+        the `last` indices), then grow to twice what is live (O(H), amortised over many steps)."""
         if self.n + m <= self.link.numel():
             return
         lo = self.window[0][3] if self.window else self.n
@@ -113,8 +113,8 @@ class WindowNextUse:
             self.last.sub_(lo).clamp_(min=-1)  # live indices are >= lo; the rest were -1
             self.window = collections.deque((i, p, a, s - lo) for i, p, a, s in self.window)
             self.n -= lo
-        if self.n + m > self.link.numel():
-            grown = torch.empty(max(2 * self.link.numel(), self.n + m), dtype=torch.int64)
+        if 2 * (self.n + m) > self.link.numel():  # keep half free: compactions stay rare
+            grown = torch.empty(max(2 * self.link.numel(), 2 * (self.n + m)), dtype=torch.int64)
             grown[:self.n] = self.link[:self.n]
             self.link = grown
 
