@@ -63,3 +63,51 @@ def test_whole_epoch_round_equals_the_scratch_next_use(monkeypatch, admit):
     # and planning deeper than 8 changed something on this trace (the depth is honoured)
     eight = simulate(t, f"lookahead:8:0.2:{admit}")
     assert any((inc.counts[k] != eight.counts[k]).any() for k in COUNTS)
+
+
+def test_the_loader_samples_the_whole_epoch_ahead_and_shows_the_rest_of_it():
+    """The live loader (rudder.pipeline, a plain tensor for the DistTensor) with the depth
+    schedule_ahead gives: each epoch sampled whole before its first minibatch is planned, every
+    minibatch planned over the rest of its epoch, never the next epoch's."""
+    import threading
+
+    import torch
+
+    from rudder.pipeline import MinibatchPipeline, TimedCollate
+    from rudder.prefetch.features import BufferedFeatures
+    from rudder.prefetch.metrics import MetricsCollector
+    from rudder.prefetch.policy import Policy
+
+    N, DIM, STEPS, EPOCHS = 200, 4, 7, 2
+    feat = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
+    log, lock = [], threading.Lock()
+
+    class Recording(Policy):
+        def plan(self, step):
+            with lock:
+                log.append(("plan", step.epoch, step.step, len(step.future_remote)))
+            return None
+
+    def sampled(epoch):
+        g = torch.Generator().manual_seed(epoch)  # a new seed per epoch, as training
+        collate = TimedCollate(lambda s: (torch.cat([s, torch.randint(0, N, (30,), generator=g)]), s, None))
+        for step in range(STEPS):
+            with lock:
+                log.append(("sample", epoch, step))
+            yield collate(torch.randint(0, N // 2, (10,), generator=g))
+
+    halo = torch.arange(N // 2, N)
+    buf = HaloBuffer(halo, 20, DIM)
+    buf.fill(halo[:20], feat[halo[:20]])
+    feats = BufferedFeatures(feat, lambda ids: (ids >= N // 2).long(), 0, buf, local_id=0)
+    depth = sample_ahead(PrefetchConfig(policy="lookahead", schedule_ahead=True))
+    pipe = MinibatchPipeline(sampled, feats, torch.arange(N) % 3, Recording(), MetricsCollector(4),
+                             STEPS, EPOCHS, depth, queue_size=2)
+    for epoch in range(EPOCHS):
+        for mb in pipe.epoch(epoch):
+            assert torch.equal(mb.feats, feat[mb.input_nodes])
+    plans = [e for e in log if e[0] == "plan"]
+    assert plans == [("plan", e, s, STEPS - 1 - s) for e in range(EPOCHS) for s in range(STEPS)]
+    for e in range(EPOCHS):  # every minibatch of epoch e sampled before its first plan
+        first_plan = log.index(("plan", e, 0, STEPS - 1))
+        assert all(log.index(("sample", e, s)) < first_plan for s in range(STEPS))
