@@ -99,10 +99,18 @@ def check_policy_name(name: str) -> None:
         raise ValueError("policy 'classifier' needs a model name: classifier:<name>")
 
 
+# sample_ahead with prefetch.schedule_ahead: more than any epoch's minibatches. The loader and the
+# replays stop at the epoch's end, so this is "the rest of the epoch".
+WHOLE_EPOCH = 1 << 40
+
+
 def sample_ahead(pc: "PrefetchConfig") -> int:
-    """Minibatches the run samples ahead of training: prefetch.lookahead for the policies that
-    use the known future, else 0 (training and every replay read this one rule)."""
-    return pc.lookahead if pc.policy.startswith(LOOKAHEAD_POLICIES) else 0
+    """Minibatches the run samples ahead of training: prefetch.lookahead (or, with
+    schedule_ahead, the whole epoch) for the policies that use the known future, else 0
+    (training and every replay read this one rule)."""
+    if not pc.policy.startswith(LOOKAHEAD_POLICIES):
+        return 0
+    return WHOLE_EPOCH if pc.schedule_ahead else pc.lookahead
 
 
 class PrefetchConfig(Strict):
@@ -112,6 +120,10 @@ class PrefetchConfig(Strict):
     alpha: float = Field(0.05, gt=0, lt=1)  # score decay per minibatch (reference default)
     period: int = Field(25, gt=0)  # fixed policy replaces every `period` minibatches
     lookahead: int = Field(8, ge=0)  # minibatches sampled ahead: 8 got 0.95-0.99 of Belady's hits
+    # Sample each epoch's minibatches all at its start and keep them (blocks included: memory
+    # grows with the epoch), so the lookahead round plans over the rest of the epoch (RapidGNN's
+    # schedule; issue 17). `lookahead` is then not used. BENCHMARKS §13.
+    schedule_ahead: bool = False
     budget: float = Field(0.1, gt=0, le=1)  # max share of capacity replaced per round
     # lookahead admits only the current misses (no extra rows), or `any` node of the window
     # (pulls rows ahead of use: more hits, never fewer rows)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rudder.prefetch.buffer import HaloBuffer
-from rudder.prefetch.nextuse import RING, WindowNextUse, next_use_scratch
+from rudder.prefetch.nextuse import WindowNextUse, next_use_scratch
 from rudder.prefetch.policy import Replace
 from rudder.prefetch.step import begin_step, finish_step
 
@@ -36,7 +36,7 @@ def _windows(rng: random.Random, H: int, n: int, max_depth: int):
         g += 1 if rng.random() < 0.8 else rng.randint(2, 12)
 
 
-@pytest.mark.parametrize("seed,H,max_depth", [(0, 50, 8), (1, 200, 3), (2, 30, RING), (3, 5, 1)])
+@pytest.mark.parametrize("seed,H,max_depth", [(0, 50, 8), (1, 200, 3), (2, 30, 62), (3, 5, 1), (4, 40, 100)])
 def test_incremental_next_use_equals_the_scratch_computation(seed, H, max_depth):
     rng = random.Random(seed)
     nu = WindowNextUse(H)
@@ -47,12 +47,17 @@ def test_incremental_next_use_equals_the_scratch_computation(seed, H, max_depth)
         assert torch.equal(nu.next_use(every), want_next)
         assert torch.equal(nu.frequency(every), want_freq)
         assert torch.equal(nu.used(), want_next <= len(future))
-    assert nu.count > RING  # the minibatch numbers went round the ring
+    assert nu.count > 62  # more minibatches than the old per-node ring of 62 bits held
 
 
-def test_a_window_longer_than_the_ring_is_refused():
-    with pytest.raises(ValueError, match="63 minibatches"):
-        WindowNextUse(4).sync([torch.tensor([0])] * (RING + 1), lambda ids: ids)
+def test_a_window_of_any_length_is_kept():  # the old 62-minibatch bound is gone (a whole epoch)
+    stream = [torch.tensor([g % 4]) for g in range(300)]
+    nu = WindowNextUse(4)
+    for g in range(0, 300, 7):
+        nu.sync(stream[g:], lambda ids: ids)  # the rest of the "epoch": only the front leaves
+        want_next, want_freq = next_use_scratch(stream[g:], 4)
+        assert torch.equal(nu.next_use(torch.arange(4)), want_next)
+        assert torch.equal(nu.frequency(torch.arange(4)), want_freq)
 
 
 def _plans(incremental: bool, seed: int, admit: str, budget):

@@ -61,16 +61,20 @@ class PositionTrace:
         self.ends = epoch_ends(trace.epoch)
         self.epochs, self.steps = trace.epoch.tolist(), trace.steps().tolist()
         self.input_rows = trace.input_rows.tolist()
+        # every minibatch's view, made once: the same tensors each step (a whole epoch ahead is
+        # a list slice, and the next-use window recognises its minibatches by their views)
+        self.views = [self.ids[a:b] for a, b in zip(self.off[:-1], self.off[1:])]
 
     def __len__(self) -> int:
         return self.trace.num_minibatches
 
     def remote(self, g: int) -> torch.Tensor:
-        return self.ids[self.off[g]:self.off[g + 1]]
+        return self.views[g]
 
     def ahead(self, g: int, depth: int) -> list[torch.Tensor]:
-        """The minibatches sampled ahead of g: up to `depth`, within g's epoch (as training)."""
-        return [self.remote(j) for j in range(g + 1, min(g + 1 + depth, self.ends[g]))]
+        """The minibatches sampled ahead of g: up to `depth`, within g's epoch (as training;
+        depth = config.WHOLE_EPOCH: the rest of the epoch, as with prefetch.schedule_ahead)."""
+        return self.views[g + 1:min(g + 1 + depth, self.ends[g])]
 
 
 class Replayer:

@@ -14,6 +14,7 @@ Policy names take their knobs after colons, in the order each policy declares th
 (`Policy.knobs`); a comma list is a grid:
   fixed[:PERIOD[:ALPHA]]          fixed:10,25,50
   lookahead[:DEPTH[:BUDGET[:ADMIT]]]  lookahead:1,3:0.01,0.05:misses,any
+                                  (DEPTH `epoch`: the rest of the epoch, prefetch.schedule_ahead)
   classifier:NAME                 agent   none   static   lru   lfu   s3fifo   sieve   belady
 
 Results are per-minibatch records with the MINIBATCH_FIELDS of training (timings 0, loss null,
@@ -117,6 +118,9 @@ def parse_policy(spec: str, prefetch=None) -> PolicySpec:
         raise ValueError(f"bad policy {spec!r}: use {usage}" if cls.knobs or cls.named else
                          f"policy {base!r} takes no arguments (got {spec!r})")
     upd.update(zip(cls.knobs, args))
+    if upd.get("lookahead") == "epoch":  # the whole epoch scheduled ahead (prefetch.schedule_ahead)
+        del upd["lookahead"]
+        upd["schedule_ahead"] = True
     pc = (prefetch or PrefetchConfig()).model_copy()
     try:
         pc = PrefetchConfig.model_validate({**pc.model_dump(), **upd})  # validates the knobs
