@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from rudder.prefetch.nextuse import RING, WindowNextUse, next_use_scratch
+from rudder.prefetch.nextuse import WindowNextUse, next_use_scratch
 from rudder.prefetch.remote_index import RemoteIndex
 
 UNIVERSES = ("halo", "remote")  # what the buffer may hold: the 1-hop halo, or any remote id
@@ -304,7 +304,7 @@ class HaloBuffer:
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
         INF = len(future) + 1
-        if self.incremental_next_use and len(future) <= RING:  # kept up to date as the window slides (rudder.prefetch.nextuse)
+        if self.incremental_next_use:  # kept up to date as the window slides (rudder.prefetch.nextuse)
             if self._next_use is None:
                 self._next_use = WindowNextUse(H)
             nu = self._next_use

@@ -28,8 +28,7 @@ import collections
 import torch
 
 # No bound on the window (it was the 62 bits of a per-node ring): a whole epoch scheduled ahead
-# is one window. Kept so that `len(future) <= RING` (HaloBuffer's guard) always holds.
-RING = 1 << 62
+# is one window.
 NONE = 1 << 62  # `first` / `link` of a node no (later) window minibatch uses
 
 
