@@ -56,7 +56,12 @@ def _eval(args) -> int:
 def _label(args) -> int:
     from rudder.agent.eval import label_windows_from_run, write_jsonl
 
-    recs = label_windows_from_run(args.run_dir, horizon=args.horizon)
+    recs = label_windows_from_run(args.run_dir, horizon=args.horizon, by=args.by, scenario=args.scenario)
+    if args.by == "counterfactual":
+        from rudder.agent.eval import label_balance
+
+        b = label_balance(recs)["all"]
+        print(f"counterfactual labels: {b['n']} windows, {b['replace']} replace, {b['keep']} keep")
     if args.check:  # the counterfactual of a replayed run: both branches from the same state
         from rudder.agent.hindsight import check_labels
 
@@ -170,6 +175,10 @@ def register(subparsers) -> None:
                         "branches replayed from the same buffer state; rudder.agent.hindsight)")
     q.add_argument("--agreed-only", action="store_true",
                    help="with --check: keep only the windows whose label the counterfactual confirms")
+    q.add_argument("--by", choices=("outcome", "counterfactual"), default="outcome",
+                   help="counterfactual: label each judged decision's window by what replacing saved "
+                        "against keeping (needs `rudder agent judge` first)")
+    q.add_argument("--scenario", default=None, help="recorded on each window (held-out splits)")
     q.set_defaults(func=_label)
 
     q = sub.add_parser("judge", help="judge a simulated run's decisions against their "

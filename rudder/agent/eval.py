@@ -280,8 +280,15 @@ def _history_entry(rec: dict, windows: list[dict], by_id: dict[int, int], capaci
     return h.model_dump(exclude_none=True)
 
 
-def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON) -> list[dict]:
+def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON, by: str = "outcome",
+                           scenario: str | None = None) -> list[dict]:
     """Labels the windows of a finished run at which a replacement was (or was not) made.
+
+    by="counterfactual": every judged decision labels its window by what replacing there saved
+    against keeping, both replayed from the same buffer state (`rudder agent judge` wrote it:
+    cf_replace_share; rudder.agent.judge.hindsight_label), whichever action the run took; too
+    close to call and unjudged windows are left out. `scenario` is recorded on each window (for
+    held-out splits by scenario: split_held_out).
 
     The rule, per trainer rank R (windows-rR.jsonl, decisions-rR.jsonl):
     - a window judged by a decision that replaced (replace=True, no fallback, applied) is labelled
@@ -296,6 +303,10 @@ def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON) -> list[
     Fallback and never-applied decisions are skipped. Each record carries the decisions before it
     as history, the 3 earlier windows as `recent`, and `net_rows` (the gain, for replacements).
     """
+    if by not in LABEL_BY:
+        raise ValueError(f"unknown labelling {by!r}; valid: {', '.join(LABEL_BY)}")
+    if by == "counterfactual":
+        return _label_counterfactual(Path(run_dir), scenario)
     run_dir = Path(run_dir)
     from rudder.records import read_jsonl
 
@@ -340,6 +351,85 @@ def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON) -> list[
                         "kind": "run", "rank": rank,
                         "source": f"{run_dir.name}:r{rank}:w{judged['window']}"})
     return out
+
+
+LABEL_BY = ("outcome", "counterfactual")
+
+
+def _label_counterfactual(run_dir: Path, scenario: str | None) -> list[dict]:
+    from rudder.agent.judge import hindsight_label
+    from rudder.records import read_jsonl
+
+    out: list[dict] = []
+    for wpath in sorted(run_dir.glob("windows-r*.jsonl")):
+        rank = int(wpath.stem.split("-r")[-1])
+        windows = sorted(read_jsonl(wpath), key=lambda w: w["window"])
+        by_id = {w["window"]: i for i, w in enumerate(windows)}
+        ctx = _run_context(run_dir, rank)
+        dpath = run_dir / f"decisions-r{rank}.jsonl"
+        decisions = sorted(read_jsonl(dpath), key=lambda d: d["decision"]) if dpath.exists() else []
+        for d in decisions:
+            share = d.get("cf_replace_share")
+            label = None if share is None else hindsight_label({"share": share})
+            if label is None or d.get("window") not in by_id:
+                continue
+            i = by_id[d["window"]]
+            history = [_history_entry(p, windows, by_id, int(ctx.get("capacity") or 0))
+                       for p in decisions if p["decision"] < d["decision"] and p.get("applied_step") is not None]
+            out.append({"context": ctx, "window": windows[i], "recent": windows[max(0, i - 3):i],
+                        "history": history[-4:], "label_replace": label, "label_by": "counterfactual",
+                        "cf_replace_share": share, "cf_rows_saved": d.get("cf_rows_saved"),
+                        "scenario": scenario, "kind": "counterfactual", "rank": rank,
+                        "source": f"{run_dir.name}:r{rank}:w{windows[i]['window']}"})
+    return out
+
+
+def label_balance(records: list[dict], key: str = "scenario") -> dict[str, dict]:
+    """Per value of `key` (and "all"): windows, replace-right, keep-right, replace share."""
+    groups: dict[str, list[dict]] = {"all": records}
+    for r in records:
+        groups.setdefault(str(r.get(key)), []).append(r)
+    out = {}
+    for k, rs in groups.items():
+        rep = sum(bool(r["label_replace"]) for r in rs)
+        out[k] = {"n": len(rs), "replace": rep, "keep": len(rs) - rep,
+                  "replace_share": rep / len(rs) if rs else 0.0}
+    return out
+
+
+def balanced(records: list[dict], key: str = "scenario", seed: int = 0) -> list[dict]:
+    """Per value of `key`, the majority label downsampled to the minority's count (a group with
+    one label only is dropped: it teaches no choice). Order kept."""
+    rng = random.Random(seed)
+    keep: set[int] = set()
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        groups.setdefault(str(r.get(key)), []).append(i)
+    for idx in groups.values():
+        pos = [i for i in idx if records[i]["label_replace"]]
+        neg = [i for i in idx if not records[i]["label_replace"]]
+        n = min(len(pos), len(neg))
+        keep.update(rng.sample(pos, n) + rng.sample(neg, n))
+    return [r for i, r in enumerate(records) if i in keep]
+
+
+def split_held_out(records: list[dict], held_out: Iterable[str], key: str = "scenario") -> tuple[list[dict], list[dict]]:
+    """(train, test): the windows whose `key` (scenario, or e.g. context.dataset via a
+    dotted key) is in `held_out` go to test. Raises when a held-out value names no window."""
+    held = set(held_out)
+
+    def val(r: dict) -> str:
+        v: Any = r
+        for part in key.split("."):
+            v = (v or {}).get(part) if isinstance(v, dict) else None
+        return str(v)
+
+    seen = {val(r) for r in records}
+    missing = held - seen
+    if missing:
+        raise ValueError(f"held-out {key} {sorted(missing)} not among the windows' {sorted(seen)}")
+    test = [r for r in records if val(r) in held]
+    return [r for r in records if val(r) not in held], test
 
 
 def format_table(rows: list[dict]) -> str:
