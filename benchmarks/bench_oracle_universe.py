@@ -15,19 +15,13 @@ import numpy as np
 
 from rudder.sim.oracle import belady
 from rudder.sim.simulate import simulate
-from rudder.sim.tracegen import TraceGenSpec, generate_trace, write_tracegen
+from rudder.sim.tracegen import TraceGenSpec, cached_trace
 from rudder.trace import Trace
 
 
 def trace_for(graph: str, parts: int, epochs: int, trace_dir: Path | None) -> Trace:
-    path = trace_dir / f"{graph}-p{parts}" / "trace-r0.npz" if trace_dir else None
-    if path is not None and path.exists():
-        return Trace.load(path)
     spec = TraceGenSpec(graph=graph, parts=parts, part=0, epochs=epochs, fraction=1.0, init="degree")
-    trace, info = generate_trace(spec)
-    if path is not None:
-        write_tracegen(path.parent, trace, spec, info)
-    return trace
+    return cached_trace(spec, trace_dir / f"{graph}-p{parts}" if trace_dir else None)
 
 
 def main() -> None:

@@ -18,22 +18,15 @@ from pathlib import Path
 
 from rudder.sim.oracle import belady
 from rudder.sim.simulate import simulate
-from rudder.sim.tracegen import TraceGenSpec, generate_trace, write_tracegen
+from rudder.sim.tracegen import TraceGenSpec, cached_trace
 from rudder.trace import Trace
 
 POLICIES = ("fixed", "lookahead:8", "lookahead:32", "lookahead:epoch", "lookahead:epoch:0.1:any")
 
 
 def trace_for(graph: str, parts: int, epochs: int, batch_size: int, trace_dir: Path | None) -> Trace:
-    path = trace_dir / f"{graph}-p{parts}-b{batch_size}" / "trace-r0.npz" if trace_dir else None
-    if path is not None and path.exists():
-        return Trace.load(path)
-    spec = TraceGenSpec(graph=graph, parts=parts, part=0, epochs=epochs, fraction=1.0, init="degree",
-                        batch_size=batch_size)
-    trace, info = generate_trace(spec)
-    if path is not None:
-        write_tracegen(path.parent, trace, spec, info)
-    return trace
+    spec = TraceGenSpec(graph=graph, parts=parts, part=0, epochs=epochs, fraction=1.0, init="degree", batch_size=batch_size)
+    return cached_trace(spec, trace_dir / f"{graph}-p{parts}-b{batch_size}" if trace_dir else None)
 
 
 def main() -> None:

@@ -108,3 +108,16 @@ def test_trace_digest_names_the_content(tmp_path):
     assert same.digest() == t.digest() and len(t.digest()) == 12
     assert t.head(11).digest() != t.digest()
     assert random_trace(halo=200, minibatches=12, batch=40, capacity=0.2, epochs=2, seed=2).digest() != t.digest()
+
+
+def test_cached_trace_writes_once_then_reads_back(tmp_path):
+    from rudder.sim.tracegen import TraceGenSpec, cached_trace
+
+    spec = TraceGenSpec(graph="synth-tiny", parts=2, part=0, epochs=1, fraction=1.0, init="degree")
+    first = cached_trace(spec, tmp_path / "t")
+    written = tmp_path / "t" / "trace-r0.npz"
+    assert written.is_file()
+    mtime = written.stat().st_mtime_ns
+    again = cached_trace(spec, tmp_path / "t")
+    assert written.stat().st_mtime_ns == mtime  # read, not regenerated
+    assert (again.offsets == first.offsets).all() and (again.ids == first.ids).all()

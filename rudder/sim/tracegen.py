@@ -220,6 +220,18 @@ def write_tracegen(out_dir: str | Path, trace: Trace, spec: TraceGenSpec, facts:
     return path
 
 
+def cached_trace(spec: TraceGenSpec, out_dir: str | Path | None = None) -> Trace:
+    """The trace of `spec`, read from out_dir when an earlier call wrote it there, else generated
+    (and written there, when out_dir is given): benchmarks that replay one trace many ways."""
+    path = Path(out_dir) / "trace-r0.npz" if out_dir else None
+    if path is not None and path.exists():
+        return Trace.load(path)
+    trace, info = generate_trace(spec)
+    if path is not None:
+        write_tracegen(path.parent, trace, spec, info)
+    return trace
+
+
 def random_trace(
     halo: int = 1000, minibatches: int = 50, batch: int = 200, nonhalo: float = 0.1,
     capacity: float | int = 0.25, skew: float = 1.0, epochs: int = 1, seed: int = 0,
