@@ -119,11 +119,17 @@ class SAGE(nn.Module):
     def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, dropout: float = 0.5):
         super().__init__()
         dims = [in_feats] + [hidden] * (layers - 1) + [classes]
-        self.layers = nn.ModuleList(SAGEConv(dims[i], dims[i + 1]) for i in range(layers))
+        self.layers = nn.ModuleList(self.conv(dims[i], dims[i + 1]) for i in range(layers))
         self.dropout = nn.Dropout(dropout)
 
+    def conv(self, in_feats: int, out_feats: int) -> nn.Module:
+        return SAGEConv(in_feats, out_feats)
+
+    def blocks(self, blocks, device: torch.device):
+        return as_blocks(blocks, device)
+
     def forward(self, blocks, x: torch.Tensor) -> torch.Tensor:
-        blocks = as_blocks(blocks, x.device)
+        blocks = self.blocks(blocks, x.device)
         h = x
         for i, (layer, block) in enumerate(zip(self.layers, blocks)):
             h = layer(block, h)
