@@ -40,7 +40,7 @@ def main() -> None:
     for g in a.graphs:
         for p in a.parts:
             full = trace_for(g, p, a.epochs, a.trace_dir)
-            remote = np.union1d(full.halo, full.ids).size
+            remote = full.remote_nodes().size
             for f in a.fractions:
                 t0 = time.perf_counter()
                 C = int(f * full.num_halo)

@@ -62,6 +62,7 @@ class Trace:
         self.capacity, self.feat_bytes = int(self.capacity), int(self.feat_bytes)
         self.part_id, self.num_parts = int(self.part_id), int(self.num_parts)
         self._hpos: tuple[np.ndarray, np.ndarray] | None = None
+        self._remote: np.ndarray | None = None
 
     # ---- shape ----------------------------------------------------------------------------
     @property
@@ -121,6 +122,13 @@ class Trace:
         if self._hpos is None:
             self._hpos = halo_index(self.halo, self.ids)
         return self._hpos
+
+    def remote_nodes(self) -> np.ndarray:
+        """Every remote node the trace records (halo ∪ accessed ids, sorted): the universe of a
+        buffer not restricted to the 1-hop halo. Computed once (a sort of all accesses), cached."""
+        if self._remote is None:
+            self._remote = np.union1d(self.halo, self.ids)
+        return self._remote
 
     def init_positions(self) -> np.ndarray:
         """Halo positions of the initial fill, in fill order (non-halo ids dropped)."""

@@ -113,7 +113,7 @@ def next_uses(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
 def all_remote(trace: Trace) -> Trace:
     """The same trace with every remote node it records cacheable (halo ∪ accessed ids): the
     universe of a buffer not restricted to the 1-hop halo. Accesses, fill and capacity unchanged."""
-    out = Trace(halo=np.union1d(trace.halo, trace.ids), offsets=trace.offsets, ids=trace.ids,
+    out = Trace(halo=trace.remote_nodes(), offsets=trace.offsets, ids=trace.ids,
                 epoch=trace.epoch, init=trace.init, capacity=trace.capacity,
                 feat_bytes=trace.feat_bytes, part_id=trace.part_id, num_parts=trace.num_parts,
                 input_rows=trace.input_rows, meta=dict(trace.meta))

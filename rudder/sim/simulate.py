@@ -337,7 +337,7 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
                     [*rp.decisions, *pol.decisions()])
     # the same memory as a share of each universe (halo; every remote id the trace holds)
     res.extra.update(universe=pc.universe, capacity_frac_halo=C / max(trace.num_halo, 1),
-                     capacity_frac_remote=C / max(int(np.union1d(trace.halo, trace.ids).size), 1))
+                     capacity_frac_remote=C / max(int(trace.remote_nodes().size), 1))
     if pc.universe == "remote":
         res.extra.update(universe_max_nodes=rp.buf.index.max_nodes, universe_held=len(rp.buf.index))
     if rp.waited:
