@@ -11,7 +11,6 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
 
 from rudder.sim.oracle import belady
 from rudder.sim.simulate import simulate
