@@ -247,15 +247,12 @@ def _cast_partitioning(name: str, d: Path, params: dict[str, Any], root, force: 
         return m if same else None
 
     manifest = reusable()
-    if manifest is None:
-        with file_lock(d.parent / f".lock-{d.name}"):
-            manifest = reusable() or _write_cast(base, d, params, name)
-            reused = False
-    else:
-        reused = True
-    if reused:
+    if manifest is not None:
         log.info("reusing partition %s", d)
-    return PartitionInfo(d / manifest["part_config"], manifest, d, reused=reused)
+        return PartitionInfo(d / manifest["part_config"], manifest, d, reused=True)
+    with file_lock(d.parent / f".lock-{d.name}"):
+        manifest = reusable() or _write_cast(base, d, params, name)
+    return PartitionInfo(d / manifest["part_config"], manifest, d, reused=False)
 
 
 def _write_cast(base: PartitionInfo, d: Path, params: dict[str, Any], name: str
