@@ -120,14 +120,17 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     c = cfg.cluster
     node_service = node_agent_service(cfg, launch)
     service = None if node_service else agent_service_argv(cfg)
+    run_cpus = trainer_cpus(node_service)
     if node_service:
         update_run_json(run_dir, agent_node_service={k: node_service.get(k) for k in
-                                                     ("pid", "port", "reused", "started_at")})
+                                                     ("pid", "port", "reused", "started_at", "cpus")},
+                        run_cpus=run_cpus)
     spec = ClusterSpec(machines=c.machines, trainers_per_machine=c.trainers_per_machine,
                        bandwidth=c.bandwidth, bandwidth_schedule=c.bandwidth_schedule,
                        netns=c.netns, start_timeout_s=c.start_timeout_s,
                        run_timeout_s=c.run_timeout_s, samplers_per_trainer=cfg.train.samplers,
-                       wait_services=service is not None)  # trainers start once the agent answers
+                       wait_services=service is not None,  # trainers start once the agent answers
+                       cpus=run_cpus)
     trainer = [sys.executable, "-m", "rudder.train", "--run-dir", str(run_dir.resolve())]
     if check or cfg.train.check_features:
         trainer.append("--check")
@@ -178,6 +181,15 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
     return RunResult(run_id, run_dir, ok, reason or "")
+
+
+def trainer_cpus(node_service: dict | None) -> list[int] | None:
+    """The cores left to the run's servers and trainers when the node's agent service is pinned
+    to cores of its own (`spare_cpus`): the trainers keep off the model's cores as it keeps off
+    theirs. None (no pinning) without a pinned service."""
+    model = set((node_service or {}).get("cpus") or ())
+    rest = sorted(set(os.sched_getaffinity(0)) - model)
+    return rest if model and rest else None
 
 
 def node_agent_service(cfg: RunConfig, launch=None) -> dict | None:

@@ -133,6 +133,32 @@ def test_loopback_run_ok_with_env_and_logs(tmp_path, fake):
     assert not leftovers("", tmp_path / "run")
 
 
+def test_loopback_run_pinned_to_its_cpus(tmp_path, fake):
+    """ClusterSpec.cpus: the supervisor pins itself, so server and trainers inherit the cores
+    (a study's agent node service keeps the others), and each trainer's threads divide them."""
+    core = sorted(os.sched_getaffinity(0))[0]
+    script = 'grep Cpus_allowed_list /proc/self/status; echo "threads $RUDDER_THREADS $OMP_NUM_THREADS"'
+    with loopback(tmp_path, cpus=[core]) as cluster:
+        res = cluster.run(fake["part"], ["sh", "-c", script], server_argv=fake["server_argv"])
+    assert res.ok, res.summary()
+    for rank in (0, 1):
+        out = Path(res.logs[f"machine0/trainer{rank}"]).read_text()
+        assert f"Cpus_allowed_list:\t{core}\n" in out, out
+        assert "threads 1 1" in out, out
+    with pytest.raises(ValueError, match="cpus must be"):
+        ClusterSpec(machines=1, cpus=[])
+
+
+def test_trainers_keep_off_a_pinned_agent_services_cores():
+    from rudder.runner import trainer_cpus
+
+    mine = sorted(os.sched_getaffinity(0))
+    assert trainer_cpus(None) is None and trainer_cpus({"cpus": None}) is None
+    assert trainer_cpus({"cpus": mine}) is None  # nothing left: not pinned rather than no core
+    if len(mine) > 1:
+        assert trainer_cpus({"cpus": mine[-1:]}) == mine[:-1]
+
+
 def test_loopback_trainer_crash_ends_run_with_its_name(tmp_path, fake):
     script = 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; sleep 600'
     t0 = time.monotonic()

@@ -64,6 +64,10 @@ class ClusterSpec:
     wait_services: bool = False  # trainers start after each service touched $RUDDER_READY_FILE
     graph_format: str = "csc"  # DGL_GRAPH_FORMAT of the servers
     prefix: str = nets.DEFAULT_PREFIX  # name prefix of namespaces and links (1-4 letters)
+    # cores the run's processes (servers, trainers, samplers) are pinned to; None: every core
+    # this process may use. A study's agent node service pinned to cores of its own passes the
+    # rest here, so the trainers stay off the model's cores (rudder.runner)
+    cpus: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.machines < 1 or self.trainers_per_machine < 1:
@@ -75,6 +79,10 @@ class ClusterSpec:
             nets.parse_rate(self.bandwidth)
         if self.bandwidth_schedule is not None:
             self.bandwidth_schedule = nets.check_schedule(self.bandwidth_schedule)
+        if self.cpus is not None:
+            self.cpus = sorted(set(self.cpus))
+            if not self.cpus or any(not isinstance(c, int) or c < 0 for c in self.cpus):
+                raise ValueError(f"cpus must be a non-empty list of core ids >= 0, got {self.cpus}")
 
     @classmethod
     def from_config(cls, cfg, **overrides) -> "ClusterSpec":
@@ -421,14 +429,14 @@ class LocalCluster:
             p for p in [_PKG_ROOT, base.get("PYTHONPATH", "")] if p)
         base.update({k: str(v) for k, v in (env or {}).items()})
         if "OMP_NUM_THREADS" not in base:  # emulated machines share this host's cores
-            total = self.spec.machines * self.spec.trainers_per_machine
-            base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // total))
+            base["OMP_NUM_THREADS"] = str(self.threads_per_trainer())
         return base
 
     def threads_per_trainer(self) -> int:
-        """torch threads of each trainer: emulated machines share this host's cores (a Slurm
-        node divides its own, rudder.cluster.slurm)."""
-        return max(1, (os.cpu_count() or 1) // (self.spec.machines * self.spec.trainers_per_machine))
+        """torch threads of each trainer: emulated machines share this host's cores, or the
+        run's `cpus` (a Slurm node divides its own, rudder.cluster.slurm)."""
+        cores = len(self.spec.cpus) if self.spec.cpus else (os.cpu_count() or 1)
+        return max(1, cores // (self.spec.machines * self.spec.trainers_per_machine))
 
     def _plan(self, m: int, part_config: Path, ip_config: Path, dgl_port: int, master_port: int,
               trainer_argv: list[str], services: list[list[str]], server_argv: list[str] | None,
@@ -482,6 +490,7 @@ class LocalCluster:
                 "owner_pid": os.getpid(), "launched_at": launched_at,
                 "start_deadline": launched_at + spec.start_timeout_s,
                 "kill_grace_s": spec.kill_grace_s, "wait_services": spec.wait_services,
+                "cpus": spec.cpus,
                 "ready_dir": str(cdir / "ready"),
                 "status_path": str(cdir / f"machine{m}.status.json"), "procs": procs}
 

@@ -21,6 +21,8 @@ Sequence (every wait bounded by the plan's start deadline):
   5. watch: the machine is done when all its trainers exited 0 and its server exited 0 (a DGL
      server leaves once every client of the cluster has disconnected); services are then stopped.
 
+With the plan's `cpus`, the supervisor pins itself to those cores first: its children inherit them.
+
 Any child exiting non-zero (other than after we asked it to stop), a missed start deadline, a
 SIGTERM/SIGINT/SIGHUP, or the death of the owner (the LocalCluster process) ends the machine: all
 children get SIGTERM, then SIGKILL after the grace period. The status file (JSON, rewritten
@@ -361,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m rudder.cluster.machine PLAN.json", file=sys.stderr)
         return 64
     plan = json.loads(Path(argv[0]).read_text())
+    if plan.get("cpus"):  # every child (server, services, trainers, samplers) inherits it
+        os.sched_setaffinity(0, plan["cpus"])
     return Supervisor(plan).run()
 
 
