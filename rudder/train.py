@@ -248,7 +248,7 @@ def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
         buffer = HaloBuffer(halo, fill.capacity, int(feat.shape[1]), alpha=pc.alpha, period=pc.period,
                             dtype=feat.dtype, device=device, universe=pc.universe,
                             max_nodes=universe_max_nodes(pc, halo.numel(), fill.capacity)
-                            if pc.universe == "remote" else None)
+                            if pc.universe == "remote" else None, id_bound=part.g.num_nodes())
         t0 = time.perf_counter()
         buffer.fill(init_ids, feat[init_ids] if init_ids.numel() else None)
         fill.seconds = time.perf_counter() - t0

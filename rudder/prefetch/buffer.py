@@ -45,6 +45,7 @@ class HaloBuffer:
         device: torch.device | str = "cpu",
         universe: str = "halo",
         max_nodes: int | None = None,
+        id_bound: int | None = None,
     ):
         if universe not in UNIVERSES:
             raise ValueError(f"unknown universe {universe!r}; valid: {', '.join(UNIVERSES)}")
@@ -58,7 +59,7 @@ class HaloBuffer:
         else:  # every remote id sampled, each given a position on first sight (RemoteIndex)
             if max_nodes is None or max_nodes < capacity:
                 raise ValueError(f"universe=remote needs max_nodes >= capacity ({capacity}), got {max_nodes}")
-            self.index = RemoteIndex(max_nodes)
+            self.index = RemoteIndex(max_nodes, id_bound=id_bound)  # ids in [0, id_bound): a direct map
             self.halo = self.index.ids  # position -> id (-1: free), updated in place by the index
         H = self.halo.numel()
         self._pos_memo: dict = {}
@@ -131,8 +132,7 @@ class HaloBuffer:
         """Positions whose ids must keep them: buffered, this minibatch's, used in the
         lookahead window or memoised for a sampled-ahead minibatch (their positions are held)."""
         keep = self.slot_of >= 0
-        for p in [self._held, *(m[3] for m in self._pos_memo.values())]:
-            keep.index_fill_(0, p, True)
+        keep.index_fill_(0, torch.cat([self._held, *(m[3] for m in self._pos_memo.values())]), True)
         if self._next_use is not None:
             keep |= self._next_use.used()
         return keep
