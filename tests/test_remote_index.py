@@ -186,6 +186,10 @@ def test_the_direct_map_is_taken_only_where_it_is_no_larger_than_the_table():
         RemoteIndex(10, id_bound=100).insert(T(5, 100))
     with pytest.raises(IndexError):
         RemoteIndex(10, id_bound=100).lookup(T(-1))
+    table = RemoteIndex(10, initial=T(3))
+    assert table.lookup(T(-1, 3))[0].tolist() == [False, True]  # -1 is an empty cell's mark
+    with pytest.raises(ValueError, match="node ids >= 0"):
+        table.insert(T(-1))
 
 
 @pytest.mark.parametrize("cls", [TableIndex, NarrowIndex, direct_index], ids=["table", "stash", "direct"])

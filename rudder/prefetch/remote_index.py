@@ -96,6 +96,7 @@ class RemoteIndex:
         eq = self._key.index_select(0, bk) == ids.unsqueeze(1)  # [n, W]: at most one match a row
         known, col = eq.max(1)
         pos = torch.where(known, self._vflat.index_select(0, bk * self.W + col).long(), -1)
+        known = pos >= 0  # (an id of -1 matches an empty cell: never known)
         if self._skeys.numel():  # the stash (rarely anything in it)
             i = torch.searchsorted(self._skeys, ids).clamp_(max=self._skeys.numel() - 1)
             st = self._skeys.index_select(0, i) == ids
@@ -119,6 +120,8 @@ class RemoteIndex:
         evicted = _EMPTY
         if not asked.numel():
             return pos, evicted
+        if self._map is None and int(asked.min()) < 0:  # -1 marks an empty cell of the table
+            raise ValueError("RemoteIndex holds node ids >= 0")
         new, inverse = torch.unique(asked, return_inverse=True)  # sorted: the smallest get room first
         free = torch.arange(self._n, self.max_nodes, dtype=torch.int64)  # the lowest free first
         need = new.numel() - free.numel()
