@@ -1,7 +1,7 @@
 """Interleaved A/B of the buffer's hot path (issue 17), before and after in ONE process, so that
 the host's load hits both alike.
 
-before = rudder/prefetch/{buffer,step,features,metrics}.py as of `--before` (default 41f550a, loaded by `git
+before = rudder/prefetch/{buffer,step,features,metrics,nextuse}.py as of `--before` (default 41f550a, loaded by `git
   show`): the lookahead round recomputes next use over the whole halo (8 scatters + O(halo) masks
   per round), `apply` searches the newcomers' positions again, `finish_step` sorts the pull to
   find the newcomers' rows, hit rows are gathered into a fresh tensor, 1-D advanced indexing.
@@ -51,6 +51,16 @@ def load_before(rev: str) -> tuple[types.ModuleType, ...]:
         exec(compile(src, f"{rev}:rudder/prefetch/{name}.py", "exec"), mod.__dict__)
         mods.append(mod)
     mods[2].begin_step, mods[2].finish_step = mods[1].begin_step, mods[1].finish_step
+    # the old buffer's incremental next use as of `rev` too, where it had one
+    src = subprocess.run(["git", "show", f"{rev}:rudder/prefetch/nextuse.py"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent)
+    if src.returncode == 0:
+        nu = types.ModuleType("before_nextuse")
+        sys.modules[nu.__name__] = nu
+        exec(compile(src.stdout, f"{rev}:rudder/prefetch/nextuse.py", "exec"), nu.__dict__)
+        for name in ("WindowNextUse", "next_use_scratch"):
+            if name in mods[0].__dict__:
+                setattr(mods[0], name, getattr(nu, name))
     return tuple(mods)
 
 

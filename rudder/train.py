@@ -248,7 +248,7 @@ def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
         buffer = HaloBuffer(halo, fill.capacity, int(feat.shape[1]), alpha=pc.alpha, period=pc.period,
                             dtype=feat.dtype, device=device, universe=pc.universe,
                             max_nodes=universe_max_nodes(pc, halo.numel(), fill.capacity)
-                            if pc.universe == "remote" else None)
+                            if pc.universe == "remote" else None, id_bound=part.g.num_nodes())
         t0 = time.perf_counter()
         buffer.fill(init_ids, feat[init_ids] if init_ids.numel() else None)
         fill.seconds = time.perf_counter() - t0
@@ -290,6 +290,7 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
                  full_steps: int, run_dir: Path, device):
     """Sets the policy up with the run's static facts (returned) and waits until it is ready
     (the agent loads its model)."""
+    from rudder.config import WHOLE_EPOCH, sample_ahead
     from rudder.device import describe
     from rudder.prefetch.policy import RunContext
 
@@ -300,6 +301,7 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
         capacity=capacity, batch_size=tc.batch_size, fanouts=list(tc.fanouts),
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=int(part.feat.shape[1]),
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead, run_dir=str(run_dir),
+        schedule_ahead=sample_ahead(pc) == WHOLE_EPOCH,
         extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
                "threads": part.threads, "device": describe(device),
                "feature_dtype": str(part.feat.dtype).removeprefix("torch."),

@@ -220,3 +220,45 @@ def test_start_prompt_shows_no_measurements_and_its_grammar_no_trend():
         assert pat.match("lookahead on, much missing ahead: replace")
         assert bool(pat.match("hit rate falling, lookahead on, much missing ahead: replace")) is trend_ok
     assert p.hash == later.hash  # one prompt design
+
+
+def test_schedule_ahead_is_said_as_the_rest_of_the_epoch():
+    """prefetch.schedule_ahead: the prompt says the whole epoch is sampled at its start, not that
+    `lookahead` minibatches are; with lookahead 0 the run still looks ahead (the lookahead
+    mechanism, the 'lookahead missing' line). Without schedule_ahead the text is as before."""
+    from rudder.agent.decision import resolve_fallback
+    from rudder.config import WHOLE_EPOCH
+    from rudder.prefetch.policy import mechanism_for
+
+    for la in (3, 0):
+        c = ctx(lookahead=la, schedule_ahead=True)
+        assert c.depth == WHOLE_EPOCH and mechanism_for(c.depth) == "lookahead"
+        assert resolve_fallback("auto", c.depth) == "lookahead"
+        b = ContextBuilder(c, "reason-first")
+        s = b.static_text()
+        assert "all sampled at its start" in s and "rest of the epoch" in s
+        assert "next 3 minibatches" not in s and "lookahead off" not in s
+        assert "lookahead missing 9,000 nodes" in b.render_window(WINDOW, [0.45])
+        j = ContextBuilder(c, "judge").render_window(WINDOW, [0.45])
+        assert "sampled ahead: the rest of the epoch lacks 9,000 nodes" in j and "next 3" not in j
+        # the design hash (templates, schema) is the run's, not the depth's: the KV cache holds
+        assert b.hash == ContextBuilder(ctx(), "reason-first").hash
+    plain = ContextBuilder(ctx(), "reason-first")
+    assert ctx().depth == 3 and ctx(lookahead=0).depth == 0
+    assert "next 3 minibatches are sampled ahead" in plain.static_text()
+    assert "sampled ahead: the next 3 minibatches lack" in ContextBuilder(ctx(), "judge").render_window(WINDOW, [0.45])
+    # eval records (dicts) without the key are runs without schedule_ahead
+    from rudder.agent.context import as_context
+    assert not as_context({"lookahead": 3}).schedule_ahead and as_context({"schedule_ahead": True}).depth == WHOLE_EPOCH
+
+
+def test_the_run_context_of_a_replay_says_schedule_ahead():
+    from rudder.sim.simulate import parse_policy, run_context
+    from rudder.sim.tracegen import random_trace
+
+    t = random_trace(halo=100, minibatches=20, batch=10, epochs=2, seed=1)
+    assert run_context(t, parse_policy("lookahead:epoch").prefetch, 10).schedule_ahead
+    assert not run_context(t, parse_policy("lookahead:8").prefetch, 10).schedule_ahead
+    # a policy that does not sample ahead never schedules ahead, whatever the key says
+    pc = parse_policy("static").prefetch.model_copy(update={"schedule_ahead": True})
+    assert not run_context(t, pc, 10).schedule_ahead

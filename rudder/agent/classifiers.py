@@ -11,7 +11,7 @@ answers the agent's question at every window close: replace now or not?
                plus a readable <kind>.json beside it
   policy       `ClassifierPolicy` (policy name `classifier:<name>`): loads <models_dir>/<name>
                .joblib (or a path), decides at each window close, applies at the next plan()
-               as the agent does: with lookahead (ctx.lookahead > 0) a positive prediction
+               as the agent does: with lookahead (ctx.depth > 0) a positive prediction
                holds Replace("lookahead", budget x capacity) on every minibatch until the
                next window's prediction; without lookahead it is one MassiveGNN round;
                writes DECISION_FIELDS records whose outcome/correct fields are filled one window

@@ -378,8 +378,13 @@ class ContextBuilder:
     def static_text(self) -> str:
         """The run's facts: graph and partition sizes, r/P, batch, minibatches, halo, capacity."""
         c = self.ctx
-        la = (f"the next {c.lookahead} minibatches are sampled ahead (lookahead on: replace = a round every minibatch)"
-              if c.lookahead > 0 else "lookahead off (replace = one round)")
+        if c.schedule_ahead:  # the whole epoch is sampled at its start, not `lookahead` minibatches
+            la = ("each epoch's minibatches are all sampled at its start, so the rest of the epoch is known ahead "
+                  "(lookahead on: replace = a round every minibatch, planned over the rest of the epoch)")
+        elif c.lookahead > 0:
+            la = f"the next {c.lookahead} minibatches are sampled ahead (lookahead on: replace = a round every minibatch)"
+        else:
+            la = "lookahead off (replace = one round)"
         return RUN_TEMPLATE.format(
             num_nodes=c.num_nodes, num_parts=c.num_parts, rank=c.rank, num_trainers=c.num_trainers,
             part_id=c.part_id, partition_nodes=c.partition_nodes, halo_nodes=c.halo_nodes,
@@ -432,7 +437,7 @@ class ContextBuilder:
         fill_share = None if fill is None else (fill if fill <= 1 else fill / cap)
         lines = [f"stale slots {_num(stale)} of {cap:,} ({_pct(None if stale is None else stale / cap, 0)}); "
                  f"buffer fill {_pct(fill_share, 0)}"]
-        if self.ctx.lookahead > 0:
+        if self.ctx.depth > 0:
             miss = w.get("lookahead_missing")
             word = "" if miss is None else f": {missing_word(miss, cap)}"
             lines.append(f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity{word})")
@@ -448,7 +453,7 @@ class ContextBuilder:
         """The window as the signals to judge by: numbers, no verdict."""
         c = self.ctx
         cap = max(1, c.capacity)
-        sig = window_signals(w, recent, c.capacity, c.lookahead > 0)
+        sig = window_signals(w, recent, c.capacity, c.depth > 0)
         lines = []
         if w.get("window") == START_WINDOW:
             lines.append("Start of training: no minibatch has run yet; the buffer holds its initial fill")
@@ -477,8 +482,9 @@ class ContextBuilder:
                 lines.append(f"link: fetch {sig['fetch_s']:.2f} s per minibatch, compute {sig['compute_s']:.2f} s: {state}")
         if sig["stale_share"] is not None:
             lines.append(f"stale slots {_num(w.get('stale_slots'))} of {cap:,} ({_pct(sig['stale_share'], 0)} of capacity)")
-        if c.lookahead > 0 and sig["missing_share"] is not None:
-            s = (f"sampled ahead: the next {c.lookahead} minibatches lack {_num(w.get('lookahead_missing'))} "
+        if c.depth > 0 and sig["missing_share"] is not None:
+            ahead = "the rest of the epoch lacks" if c.schedule_ahead else f"the next {c.lookahead} minibatches lack"
+            s = (f"sampled ahead: {ahead} {_num(w.get('lookahead_missing'))} "
                  f"nodes ({_pct(sig['missing_share'], 0)} of capacity)")
             if sig["drift_pt"] is not None:
                 s += f"; drift {sig['drift_pt']:+.1f} pt of capacity since the window before"
@@ -493,7 +499,7 @@ class ContextBuilder:
             out.append("hit rate " + trend_word(hr - prev[-1]))
         if w.get("stale_slots") is not None:
             out.append(f"stale share {'high' if w['stale_slots'] / cap >= 0.3 else 'low'}")
-        if self.ctx.lookahead > 0 and w.get("lookahead_missing") is not None:
+        if self.ctx.depth > 0 and w.get("lookahead_missing") is not None:
             out.append(f"lookahead missing {'large' if w['lookahead_missing'] / cap >= 0.2 else 'small'}")
         return ", ".join(out) or "none"
 
@@ -535,11 +541,11 @@ class ContextBuilder:
             for h in reversed(history):
                 if len(own) >= v.max_examples // 2:  # keep room for canned ones of both labels
                     break
-                ex = hindsight_example(h, self.ctx.capacity, self.ctx.lookahead > 0)
+                ex = hindsight_example(h, self.ctx.capacity, self.ctx.depth > 0)
                 if ex is not None:
                     judged = h.judged or {}
                     prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
-                    ex["reason"] = (evidence(judged, prev, self.ctx.capacity, self.ctx.lookahead > 0)
+                    ex["reason"] = (evidence(judged, prev, self.ctx.capacity, self.ctx.depth > 0)
                                     + conclusion(ex["replace"]))
                     own.append((self.static_text() + "\n" + self.render_window(judged, prev), ex))
             own.reverse()

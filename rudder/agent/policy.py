@@ -13,7 +13,7 @@ with it.
   applied at that step (older ones that arrived together are recorded as superseded, never
   applied); staleness = applied global step - last step of the window it judged.
 - A decision sets a regime that holds until the next decision arrives:
-  - lookahead mechanism (ctx.lookahead > 0): replace=true runs a replacement round on EVERY
+  - lookahead mechanism (ctx.depth > 0: lookahead or schedule_ahead): replace=true runs a replacement round on EVERY
     minibatch, Replace("lookahead", budget rows, "agent#n"), as the `lookahead` policy does;
     replace=false runs none. So the agent chooses when the lookahead policy is on and how many
     rows each of its rounds may change.
@@ -93,7 +93,7 @@ def fallback_policy(name: str, cfg: PrefetchConfig, ctx: RunContext) -> Policy:
     hindsight replay builds the same one to reproduce a run."""
     from rudder.prefetch.policies import make_policy
 
-    pol = make_policy(cfg.model_copy(update={"policy": resolve_fallback(name, ctx.lookahead)}))
+    pol = make_policy(cfg.model_copy(update={"policy": resolve_fallback(name, ctx.depth)}))
     pol.setup(ctx)
     return pol
 
@@ -127,7 +127,7 @@ class LLMDecider(Decider):
     def setup(self, steer: Steering) -> None:
         super().setup(steer)
         ctx = steer.ctx
-        fb = resolve_fallback(self.agent_cfg.fallback, ctx.lookahead)
+        fb = resolve_fallback(self.agent_cfg.fallback, ctx.depth)
         self.agent_cfg = a = self.agent_cfg.model_copy(update={"fallback": fb})
         if self._maker is not None:
             self._maker.fallback = fb  # its records name the policy that actually steers

@@ -167,7 +167,7 @@ class Steering(Policy):
     # ---- Policy interface -----------------------------------------------------------------
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
-        self.mechanism = mechanism_for(ctx.lookahead)
+        self.mechanism = mechanism_for(ctx.depth)
         self.max_rows = budget_rows(self.cfg.budget, ctx.capacity) if ctx.capacity > 0 else 0
         self.decider.setup(self)
         self._in_fallback = self.decider.fallback is not None  # until the first answer

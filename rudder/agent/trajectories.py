@@ -119,7 +119,7 @@ def build_features(
 ) -> dict[str, float]:
     """The feature vector at a decision point (names: FEATURE_NAMES)."""
     rows = budget_rows(ctx, budget)
-    mech = mechanism_for(ctx.lookahead)
+    mech = mechanism_for(ctx.depth)
     evict = min(rows, stats.stale_slots) if mech == "massivegnn" and stats.stale_slots else rows
     total_steps = max(1, ctx.steps_per_epoch * ctx.epochs)
     f = {

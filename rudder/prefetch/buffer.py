@@ -21,6 +21,7 @@ CPU at benchmark scale, not measured yet (BENCHMARKS.md, section 8).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from rudder.prefetch.nextuse import WindowNextUse, next_use_scratch
@@ -45,6 +46,7 @@ class HaloBuffer:
         device: torch.device | str = "cpu",
         universe: str = "halo",
         max_nodes: int | None = None,
+        id_bound: int | None = None,
     ):
         if universe not in UNIVERSES:
             raise ValueError(f"unknown universe {universe!r}; valid: {', '.join(UNIVERSES)}")
@@ -58,7 +60,7 @@ class HaloBuffer:
         else:  # every remote id sampled, each given a position on first sight (RemoteIndex)
             if max_nodes is None or max_nodes < capacity:
                 raise ValueError(f"universe=remote needs max_nodes >= capacity ({capacity}), got {max_nodes}")
-            self.index = RemoteIndex(max_nodes)
+            self.index = RemoteIndex(max_nodes, id_bound=id_bound)  # ids in [0, id_bound): a direct map
             self.halo = self.index.ids  # position -> id (-1: free), updated in place by the index
         H = self.halo.numel()
         self._pos_memo: dict = {}
@@ -131,8 +133,7 @@ class HaloBuffer:
         """Positions whose ids must keep them: buffered, this minibatch's, used in the
         lookahead window or memoised for a sampled-ahead minibatch (their positions are held)."""
         keep = self.slot_of >= 0
-        for p in [self._held, *(m[3] for m in self._pos_memo.values())]:
-            keep.index_fill_(0, p, True)
+        keep.index_fill_(0, torch.cat([self._held, *(m[3] for m in self._pos_memo.values())]), True)
         if self._next_use is not None:
             keep |= self._next_use.used()
         return keep
@@ -318,10 +319,14 @@ class HaloBuffer:
         if admit == "misses":  # candidates: the free nodes (sorted, as a scan of the halo gives them)
             if not has_free:
                 return _EMPTY, _EMPTY
-            cand = torch.unique(free_pos)
-            cand_next = next_use_of(cand)
-            keep = (self.slot_of.index_select(0, cand) < 0) & (cand_next < INF)
-            cand, cand_next = cand.masked_select(keep), cand_next.masked_select(keep)
+            cand_next = next_use_of(free_pos)
+            keep = (self.slot_of.index_select(0, free_pos) < 0) & (cand_next < INF)
+            cand, cand_next = free_pos.masked_select(keep), cand_next.masked_select(keep)
+            # distinct and ascending (ties below go by this order): numpy's unique, several times
+            # faster than torch's on the CPU; kept before sorting, so fewer to sort
+            cand, first = np.unique(cand.numpy(), return_index=True)
+            cand = torch.from_numpy(cand)
+            cand_next = cand_next.index_select(0, torch.from_numpy(first))
             cand_free = None  # all free
         else:
             used = nu.used() if nu is not None else next_use < INF

@@ -20,6 +20,8 @@ from typing import Any, Callable, Literal
 
 import torch
 
+from rudder.config import WHOLE_EPOCH
+
 Mechanism = Literal["massivegnn", "lookahead"]
 
 
@@ -70,9 +72,19 @@ class RunContext:
     feat_dim: int
     feat_bytes: int  # bytes per feature row
     window: int  # minibatches per metrics window
-    lookahead: int  # minibatches sampled ahead of training
+    lookahead: int  # minibatches sampled ahead of training (prefetch.lookahead)
     run_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # prefetch.schedule_ahead on a policy that samples ahead: each epoch's minibatches are all
+    # sampled at its start, so the round (and the prompt) see the rest of the epoch, not
+    # `lookahead` minibatches (config.sample_ahead)
+    schedule_ahead: bool = False
+
+    @property
+    def depth(self) -> int:
+        """Minibatches known ahead of the current one: `lookahead`, or with schedule_ahead the
+        rest of the epoch (config.WHOLE_EPOCH); > 0 means the lookahead mechanism."""
+        return WHOLE_EPOCH if self.schedule_ahead else self.lookahead
 
 
 @dataclass

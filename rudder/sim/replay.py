@@ -151,7 +151,8 @@ class BufferReplayer(Replayer):
         if pt.universe == "remote":  # ids are positions in pt.space; the index is the buffer's
             halo = np.searchsorted(pt.space.halo, pt.trace.halo)
             self.buf = HaloBuffer(torch.from_numpy(halo), capacity, 0, store_features=False, alpha=alpha,
-                                  period=period, universe="remote", max_nodes=max_nodes)
+                                  period=period, universe="remote", max_nodes=max_nodes,
+                                  id_bound=pt.space.num_halo)
         else:
             self.buf = PositionBuffer(pt.trace.num_halo, capacity, alpha=alpha, period=period)
         self.collector = MetricsCollector(window)
