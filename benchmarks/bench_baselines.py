@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule")
+SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule",
+             "history_cold")
 SAME_TRACE = {"stationary_nolookahead": "stationary"}  # same stream; only the depth differs
 FIXED_PERIODS = (10, 25, 50, 100)
 BUDGETS = (0.05, 0.2, 1.0)

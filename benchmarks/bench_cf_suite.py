@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule")
+SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule",
+             "history_cold")
 
 
 def main() -> None:
