@@ -60,7 +60,8 @@ def main() -> None:
         for budget in a.budgets:
             for seed in range(a.seeds):
                 run = collect_run(trace, a.out / "runs" / name, window=pc.window, lookahead=pc.lookahead,
-                                  budget=budget, seed=seed, admit=pc.admit, study="cf-suite")
+                                  budget=budget, seed=seed, admit=pc.admit, study="cf-suite",
+                                  prefetch={"alpha": pc.alpha, "period": pc.period})
                 recs += label_windows_from_run(run, by="counterfactual", scenario=name)
         print(f"# {name}: {len(recs)} labelled windows so far ({time.time() - t0:.0f} s)", flush=True)
     # held out first (the test part keeps its natural labels), then the training part balanced
