@@ -10,7 +10,8 @@ tracegen` does, via bench_scenarios.make_trace; stationary_nolookahead replays s
               lookahead at depth 1 and D x budget 0.05/0.2/1.0 x admit misses/any, each at the
               scenario's window; the best of them in hindsight (fixed-best) is the one with the
               fewest rows fetched, or the least modelled time where the scenario has a time model
-  rule        the hand-written adaptive rule (rudder.agent.rule) at the scenario's knobs
+  rule        the hand-written adaptive rule (rudder.agent.rule) at the scenario's knobs; history
+              only also with probe=true (a first round without a fall: `+probe`)
   classifier  (--classifier) trained here on the scenario's own trace (policy `collect`, 2 seeds,
               rows-cost labels), the best kind by CV replayed: in-sample, an upper bound
   belady      the demand-fetch optimum at the same capacity: halo only, and all remote nodes
@@ -36,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule")
+SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule",
+             "history_cold", "history_cold_small")
 SAME_TRACE = {"stationary_nolookahead": "stationary"}  # same stream; only the depth differs
 FIXED_PERIODS = (10, 25, 50, 100)
 BUDGETS = (0.05, 0.2, 1.0)
@@ -171,6 +173,9 @@ def run_scenario(name, cfg, trace, a, agents: dict) -> dict:
         best = hindsight_best(rows, list(rows))
         for r in rules:
             rows[r] = replay(t, r, pc, model)
+        if D == 0:  # history only: the rule that tries a first round without a fall (rule.py, probe)
+            for r in rules:
+                rows[f"{r}+probe"] = replay(t, r, pc, model, extra={"probe": True})
         if with_classifier:
             t0 = time.time()
             kind, note = train_classifier(t, src, a.trace_dir / name / "cls")
@@ -194,6 +199,8 @@ def run_scenario(name, cfg, trace, a, agents: dict) -> dict:
         rows = {g: replay(head, g, pc, model) for g in grid(D)}
         best = hindsight_best(rows, list(rows))
         prefix = {best: rows[best], **{r: replay(head, r, pc, model) for r in rules}}
+        if D == 0:
+            prefix.update({f"{r}+probe": replay(head, r, pc, model, extra={"probe": True}) for r in rules})
         for label, extra in agents.items():
             t1 = time.time()
             wait = extra["agent"].timeout_s + 5.0

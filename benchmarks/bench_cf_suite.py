@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule")
+SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule",
+             "history_cold", "history_cold_small")
 
 
 def main() -> None:
@@ -59,7 +60,8 @@ def main() -> None:
         for budget in a.budgets:
             for seed in range(a.seeds):
                 run = collect_run(trace, a.out / "runs" / name, window=pc.window, lookahead=pc.lookahead,
-                                  budget=budget, seed=seed, admit=pc.admit, study="cf-suite")
+                                  budget=budget, seed=seed, admit=pc.admit, study="cf-suite",
+                                  prefetch={"alpha": pc.alpha, "period": pc.period})
                 recs += label_windows_from_run(run, by="counterfactual", scenario=name)
         print(f"# {name}: {len(recs)} labelled windows so far ({time.time() - t0:.0f} s)", flush=True)
     # held out first (the test part keeps its natural labels), then the training part balanced

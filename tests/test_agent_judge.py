@@ -119,3 +119,51 @@ def test_real_model_answers_the_judge_prompt_with_an_admission():
     if ans.replace:  # its rounds admit what it chose
         assert {plans[g].admit for g in range(5, 10)} == {ans.admit}
     print("\nSmolLM2-135M on the judge prompt:", d["raw"])
+
+
+def test_rows_drift_and_round_cost_signals_are_computed_from_the_windows():
+    """Must-have 3's signals where nothing is sampled ahead (history only): the fetched rows'
+    trend, the remote rows' drift and what a round costs, each computed from the windows."""
+    from rudder.agent.messages import budget_rows
+
+    def win_(fetched, remote, mb=5, **kw):
+        return {"minibatches": mb, "fetched_rows": fetched * mb, "remote_rows": remote * mb, **kw}
+
+    recent = [win_(100, 400, hit_rate=0.75), win_(110, 400, hit_rate=0.72), win_(120, 400, hit_rate=0.70)]
+    w = win_(130, 500, hit_rate=0.74, stale_slots=300)
+    s = window_signals(w, recent, capacity=2000, lookahead=False)
+    assert s["fetched_mb"] == 130 and s["remote_mb"] == 500
+    # fetched rows per minibatch 100, 110, 120, 130: slope 10 per window on a mean of 115
+    assert s["rows_trend_pct"] == pytest.approx(100 * 10 / 115)
+    assert s["remote_drift_pct"] == pytest.approx(25.0)  # 400 -> 500 per minibatch
+    assert s["round_rows"] == {b: budget_rows(b, 2000) for b in ("small", "medium", "large")}
+    assert s["round_mb"]["large"] == pytest.approx(budget_rows("large", 2000) / 130)
+    # with lookahead on a round pulls no extra rows (admit misses): no cost shown
+    assert window_signals(w, recent, capacity=2000, lookahead=True)["round_rows"] is None
+    # no earlier window: no trend, no drift; a bare hit-rate history carries no rows
+    alone = window_signals(w, [], 2000, lookahead=False)
+    assert alone["rows_trend_pct"] is None and alone["remote_drift_pct"] is None
+    assert window_signals(w, [0.7, 0.72], 2000, lookahead=False)["rows_trend_pct"] is None
+    # the window's own rows are per minibatch: a window of 10 minibatches with twice the rows is the same
+    assert window_signals(win_(130, 500, mb=10), recent, 2000, False)["rows_trend_pct"] == pytest.approx(s["rows_trend_pct"])
+
+
+def test_history_only_judge_prompt_shows_the_rows_drift_and_round_cost():
+    from rudder.agent.messages import budget_rows
+
+    cb = ContextBuilder({**CANNED_CONTEXT, "lookahead": 0, "capacity": 2000}, "judge")
+    recent = [{"window": i, "minibatches": 5, "hit_rate": h, "fetched_rows": 5 * f, "remote_rows": 2000}
+              for i, (h, f) in enumerate([(0.75, 100), (0.72, 110), (0.70, 120)])]
+    w = {"window": 3, "first_step": 15, "last_step": 19, "minibatches": 5, "hit_rate": 0.74, "remote_rows": 2500,
+         "fetched_rows": 650, "replaced_rows": 0, "stale_slots": 300, "buffer_fill": 2000}
+    text = cb.build(w, [], recent).messages[-1]["content"]
+    assert "rows: fetched rows trend +8.7% per window; remote input rows +25.0% since the window before" in text
+    small, medium, large = (budget_rows(b, 2000) for b in ("small", "medium", "large"))
+    assert (f"a round pulls up to small {small:,} / medium {medium:,} / large {large:,} extra rows = "
+            f"{small / 130:.1f} / {medium / 130:.1f} / {large / 130:.1f} minibatches of this window's fetched rows") in text
+    assert "sampled ahead" not in text.split("\n", 1)[1].split("Window 3")[1]  # lookahead off: no lookahead line
+    every = " ".join(m["content"] for m in cb.build(w, [], recent).messages)
+    assert not re.search(r"\b(much|little) missing\b|Rules of thumb", every)  # still no verdict
+    # with lookahead on the same window shows the trend but no round cost (a round adds no rows)
+    on = ContextBuilder({**CANNED_CONTEXT, "lookahead": 8, "capacity": 2000}, "judge").build(w, [], recent)
+    assert "fetched rows trend" in on.messages[-1]["content"] and "a round pulls" not in on.messages[-1]["content"]

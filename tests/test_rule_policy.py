@@ -146,3 +146,26 @@ def test_rudder_sim_replays_the_rule_and_judges_it(tmp_path, capsys):
     # the same through the library
     traces, _ = load_source(src)
     assert simulate(traces[0], "rule:0:1.0").summary()["fetched_rows"] == hist["fetched_rows"]
+
+
+def test_probe_tries_one_round_from_a_cold_buffer_and_goes_on_while_rounds_pay():
+    """A cold buffer's hit rate only rises, so the plain rule never replaces; with probe=true the
+    first window with stale slots gets a round, and rounds go on while each lifts the hit rate."""
+    hits = [0.20, 0.22, 0.25, 0.30, 0.305, 0.32]
+    stale = [0, 500, 400, 300, 200, 100]
+
+    def said(**kw):
+        pol = RulePolicy(PrefetchConfig(policy="rule", lookahead=0, budget=0.2, window=10), **kw)
+        pol.setup(ctx(lookahead=0))
+        _, recs = steer(pol, [window(i, h, s) for i, (h, s) in enumerate(zip(hits, stale))])
+        return [r["replace"] for r in recs], recs
+
+    plain, _ = said()
+    assert plain == [False] * 6  # the hit rate never falls
+    probed, recs = said(probe=True)
+    # window 0: nothing stale; 1: the first round; +3 pt and +5 pt: go on; +0.5 pt: stop, the new reference
+    assert probed == [False, True, True, True, False, False]
+    assert recs[1]["reason"].endswith("a first round to try: replace")
+    assert "lifted the hit rate +3.0 pt" in recs[2]["reason"]
+    # make_policy passes the extra through
+    assert make_policy(PrefetchConfig(policy="rule"), probe=True).decider._probe is True

@@ -122,6 +122,9 @@ def test_scenario_configs_load():
     assert cfgs["stationary"].prefetch.lookahead > 0 and cfgs["stationary"].train.order == "shuffle"
     assert cfgs["history_only"].prefetch.lookahead == 0
     assert cfgs["ring_cluster"].train.order == "cluster"
+    # history only from a cold (random) fill: the scenario whose counterfactual labels mix (7f)
+    cold = cfgs["history_cold"]
+    assert (cold.prefetch.lookahead, cold.prefetch.init, cold.agent.prompt) == (0, "random", "judge")
     assert resolve_spec(cfgs["ring_cluster"].dataset.name).structure == "ring"
 
 

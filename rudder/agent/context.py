@@ -25,7 +25,10 @@ Prompt variants (scored by `rudder agent eval`):
                 time per minibatch), what the sampled-ahead minibatches lack and its drift; the
                 rules of thumb and the "much/little missing ahead" verdict are gone, the answer
                 also chooses admission (admit misses|any), and the grammar holds only the format
-                (any short reason ending in its conclusion). `window_signals` computes them.
+                (any short reason ending in its conclusion). `window_signals` computes them;
+                also the fetched-rows trend (% per window), the remote rows' drift (the stream
+                moving where nothing is sampled ahead) and, lookahead off, what a round costs
+                (its rows in minibatches' worth of fetched rows).
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -220,7 +223,9 @@ You steer the remote-feature buffer of one trainer in distributed GNN training.
 Each minibatch pulls the features of its remote input nodes over the network unless the buffer holds them. A minibatch's pull overlaps the previous minibatch's compute: it delays training only by the time it takes beyond the compute time.
 Signals of a window of minibatches:
 - hit rate: remote input rows served by the buffer / all remote input rows, and its trend in points per window
-- fetched rows: rows pulled over the network per minibatch = misses + rows admitted ahead of use
+- fetched rows: rows pulled over the network per minibatch = misses + rows admitted ahead of use, and their trend in % per window
+- remote input rows per minibatch and their change since the window before: the stream moving to other parts of the graph
+- round cost (lookahead off): the extra rows one round may pull per budget, in minibatches' worth of fetched rows
 - link: seconds a minibatch's pull took vs its compute; slack = compute - fetch (negative: the link is saturated and every row pulled delays training)
 - stale slots: buffer slots not hit for a long time, share of capacity
 - sampled ahead: nodes the next minibatches (already sampled) need that the buffer lacks, share of capacity, and its drift since the window before
@@ -282,7 +287,17 @@ def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int =
                      (t_minibatch - t_fetch: compute and sampling); slack = compute - fetch
                      (< 0: saturated), slack_share = slack / compute
       missing_share  lookahead_missing / capacity (lookahead on)
-      drift_pt       missing_share minus the window before's, points of capacity."""
+      drift_pt       missing_share minus the window before's, points of capacity
+      fetched_mb     fetched rows per minibatch (misses + rows admitted)
+      rows_trend_pct least-squares slope of fetched rows per minibatch over the same windows as
+                     the hit-rate trend, % of their mean per window (the miss volume's trend)
+      remote_mb, remote_drift_pct
+                     remote input rows per minibatch, and its change since the window before in %
+                     (the stream's drift where nothing is sampled ahead: a new region of the graph
+                     shows as more or fewer remote rows before any hit rate moves)
+      round_rows     {budget word: the rows one round may pull}, and round_mb: the same in
+                     minibatches' worth of this window's fetched rows -- what a round costs where
+                     its rows are extra network rows (lookahead off); None with lookahead on."""
     cap = max(1, capacity)
     recent = list(recent)
     rates = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
@@ -291,9 +306,7 @@ def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int =
     trend = None
     series = hist + ([hr] if hr is not None else [])
     if hr is not None and hist:
-        n = len(series)
-        xm, ym = (n - 1) / 2, sum(series) / n
-        trend = 100 * sum((i - xm) * (y - ym) for i, y in enumerate(series)) / sum((i - xm) ** 2 for i in range(n))
+        trend = 100 * _slope(series)
     fetch, mb = w.get("t_fetch"), w.get("t_minibatch")
     fetch_s = compute_s = slack_s = slack_share = None
     if fetch is not None and mb:  # a replay without a time model records no times (0)
@@ -305,10 +318,36 @@ def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int =
     before = next((r.get("lookahead_missing") for r in reversed(recent) if isinstance(r, dict)), None)
     drift = None if missing_share is None or before is None else 100 * (missing_share - before / cap)
     stale = w.get("stale_slots")
+    # rows: per minibatch, over the windows of the hit-rate trend (those that carry rows)
+    fetched_mb, remote_mb = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
+    rows_series = [per_minibatch(r, "fetched_rows") for r in recent if isinstance(r, dict)]
+    rows_series = [x for x in rows_series if x is not None][-(TREND_WINDOWS - 1):]
+    rows_trend = None
+    if fetched_mb is not None and rows_series:
+        ys = rows_series + [fetched_mb]
+        mean = sum(ys) / len(ys)
+        rows_trend = 100 * _slope(ys) / mean if mean > 0 else None
+    remote_before = next((per_minibatch(r, "remote_rows") for r in reversed(recent) if isinstance(r, dict)), None)
+    remote_drift = (100 * (remote_mb / remote_before - 1)
+                    if remote_mb is not None and remote_before else None)
+    round_rows = round_mb = None
+    if not lookahead and capacity > 0:
+        round_rows = {b: budget_rows(b, capacity) for b in BUDGET_SHARE}
+        if fetched_mb:
+            round_mb = {b: r / fetched_mb for b, r in round_rows.items()}
     return {"hit_rate": hr, "hit_rates": series if hr is not None else [], "trend_windows": len(series),
             "hit_trend_pt": trend, "stale_share": None if stale is None else stale / cap,
             "fetch_s": fetch_s, "compute_s": compute_s, "slack_s": slack_s, "slack_share": slack_share,
-            "missing_share": missing_share, "drift_pt": drift}
+            "missing_share": missing_share, "drift_pt": drift,
+            "fetched_mb": fetched_mb, "rows_trend_pct": rows_trend, "remote_mb": remote_mb,
+            "remote_drift_pct": remote_drift, "round_rows": round_rows, "round_mb": round_mb}
+
+
+def _slope(ys: list[float]) -> float:
+    """Least-squares slope of ys against 0, 1, 2, ... (per step)."""
+    n = len(ys)
+    xm, ym = (n - 1) / 2, sum(ys) / n
+    return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
 
 
 def trend_word(delta: float) -> str:
@@ -474,6 +513,20 @@ class ContextBuilder:
             fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
             lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "
                          f"replaced rows in window {_num(w.get('replaced_rows'))}")
+            moves = []
+            if sig["rows_trend_pct"] is not None:
+                moves.append(f"fetched rows trend {sig['rows_trend_pct']:+.1f}% per window")
+            if sig["remote_drift_pct"] is not None:
+                moves.append(f"remote input rows {sig['remote_drift_pct']:+.1f}% since the window before")
+            if moves:
+                lines.append("rows: " + "; ".join(moves))
+            if sig["round_rows"] is not None:
+                rr, mb = sig["round_rows"], sig["round_mb"]
+                cost = (f"a round pulls up to {' / '.join(f'{k} {_num(v)}' for k, v in rr.items())} extra rows")
+                if mb is not None:
+                    cost += (" = " + " / ".join(f"{v:.1f}" for v in mb.values())
+                             + " minibatches of this window's fetched rows")
+                lines.append(cost)
             if sig["slack_s"] is None:
                 lines.append("link: fetch and compute time not measured")
             else:

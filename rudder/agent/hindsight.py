@@ -70,14 +70,17 @@ class RandomDecisionMaker:
 
 def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5,
                 lookahead: int | None = None, p_replace: float = 0.5, budget: str = "medium",
-                seed: int = 0, study: str = "eval-windows", admit: str | None = None) -> Path:
+                seed: int = 0, study: str = "eval-windows", admit: str | None = None,
+                prefetch: dict | None = None) -> Path:
     """Replays the trace under the agent policy with RandomDecisionMaker and writes the run
-    directory (`rudder sim`'s format); returns it."""
+    directory (`rudder sim`'s format); returns it. `prefetch`: other prefetch settings of the
+    scenario (e.g. alpha, period: which slots a history-only round counts stale)."""
     from rudder.sim.simulate import load_source, rank_source, simulate, write_sim_run
 
     traces, source = load_source(trace_path)
     cfg = json.loads(json.dumps(source.get("config") or {}))
     pf = cfg.setdefault("prefetch", {})
+    pf.update(prefetch or {})
     pf.update(policy="agent", window=window)
     if lookahead is not None:
         pf["lookahead"] = lookahead

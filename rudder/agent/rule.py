@@ -18,6 +18,10 @@ MassiveGNN round.
            again while each round lifts the hit rate by drop/2 or more and stale slots remain
            (the stream moved: catch up); else keep, and the level reached is the new reference
            (a round costs its rows, so it must buy back hits that were lost)
+    probe  (off by default; `rule` extra probe=true) the first window with stale slots runs a
+           round although no hit rate fell -- a buffer that starts cold (a random initial fill)
+           never shows a fall, so without a first round the rule never learns whether rounds
+           pay; the catch-up above then goes on while they do
 
 Judged as the classifiers are (the action paid for itself within one window: LabelRule).
 """
@@ -48,11 +52,12 @@ class RuleDecider(Decider):
     label = "rule"
     backend = "rule"
 
-    def __init__(self, *, drop: float = DROP, rule: LabelRule | None = None):
+    def __init__(self, *, drop: float = DROP, rule: LabelRule | None = None, probe: bool = False):
         if not 0 < drop <= 1:
             raise ValueError(f"rule: drop (a hit-rate fall, 0..1) must be in (0, 1], got {drop}")
         super().__init__(rule)
         self.drop = drop
+        self._probe = bool(probe)  # a first round not yet tried (history only)
         self._best: float | None = None  # best hit rate since the reference was set
         self._round_at: float | None = None  # hit rate when the last round was decided
 
@@ -92,7 +97,10 @@ class RuleDecider(Decider):
             replace = fell >= self.drop and can
             why = (f"hit rate {100 * s.hit_rate:.1f}%, {100 * fell:.1f} pt below its best "
                    f"{100 * best:.1f}%, {s.stale_slots} stale")
+            if self._probe and can and not replace:
+                replace, why = True, why + ", a first round to try"
         if replace:
+            self._probe = False
             self._round_at, self._best = s.hit_rate, None
         return replace, why, None
 
@@ -101,12 +109,13 @@ class RulePolicy(Steering):
     """`rule`: the steering skeleton with the hand-written RuleDecider.
 
     knobs (`rudder sim` rule:LOOKAHEAD:BUDGET:ADMIT:WINDOW): lookahead 0 = history only.
-    extra: drop (the rule's threshold), margin and cost (the LabelRule that fills `correct`);
+    extra: drop (the rule's threshold), probe (a first round without a fall), margin and cost
+    (the LabelRule that fills `correct`);
     agent= and other keys are ignored."""
 
     name = "rule"
     knobs = ("lookahead", "budget", "admit", "window")
 
     def __init__(self, cfg: PrefetchConfig, *, drop: float = DROP, margin: float = 0.01,
-                 cost: str = "time", **_ignored: Any):
-        super().__init__(cfg, RuleDecider(drop=drop, rule=LabelRule(margin=margin, cost=cost)))
+                 cost: str = "time", probe: bool = False, **_ignored: Any):
+        super().__init__(cfg, RuleDecider(drop=drop, rule=LabelRule(margin=margin, cost=cost), probe=probe))
