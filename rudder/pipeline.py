@@ -228,3 +228,18 @@ class MinibatchPipeline:
             rec.t_load = time.perf_counter() - t_load
             self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
                                   window, mismatched_rows=bad, t_policy=t_pol, record=rec))
+        discard_pending(it)
+
+
+def discard_pending(it) -> int:
+    """Receives and drops what DGL's DistDataLoader `it` still has its sampler processes
+    sampling: an epoch cut short (train.max_steps_per_epoch, the least steps over the ranks)
+    leaves them in the pool's result queue, and DGL's next iter() would hand them out as the
+    next epoch's first minibatches. Returns how many were dropped (0 without sampler processes)."""
+    pending = getattr(it, "num_pending", 0)
+    if getattr(it, "pool", None) is None or pending <= 0:
+        return 0
+    for _ in range(pending):
+        it._get_data_from_result_queue()
+    it.num_pending = 0
+    return pending

@@ -97,3 +97,52 @@ def test_the_loader_waits_while_the_training_thread_evaluates():
     # after epoch 0 (evaluated) nothing of epoch 1 is sampled before the evaluation
     assert log.index(("eval", 0, None)) < log.index(("sample", 1, 0))
     assert policy.seen == [(e, s, min(AHEAD, STEPS - 1 - s)) for e in range(EPOCHS) for s in range(STEPS)]
+
+
+class PooledLoader:
+    """DGL 2.1's DistDataLoader with sampler processes, as far as the pipeline sees it: iter()
+    resets its position and pending count, but results its pool was still sampling stay in the
+    pool's result queue (here a list), and __next__ takes the oldest one first."""
+
+    def __init__(self, batches: int, queue_size: int = 4):
+        self.batches, self.queue_size = batches, queue_size
+        self.pool = []  # the pool's result queue, kept across iter()
+        self.epoch = -1
+
+    def __iter__(self):
+        self.epoch += 1
+        self.current_pos = self.recv_idxs = self.num_pending = 0
+        return self
+
+    def __next__(self):
+        while self.num_pending < self.queue_size and self.current_pos < self.batches:
+            seeds = torch.full((10,), self.epoch * 10 + self.current_pos)  # names its epoch
+            self.pool.append((torch.cat([seeds, seeds + N // 2]), seeds, None, 0.0))
+            self.current_pos += 1
+            self.num_pending += 1
+        if self.recv_idxs == self.batches:
+            raise StopIteration
+        self.recv_idxs += 1
+        self.num_pending -= 1
+        return self._get_data_from_result_queue()
+
+    def _get_data_from_result_queue(self, timeout=1800):
+        return self.pool.pop(0)
+
+
+def test_an_epoch_cut_short_leaves_nothing_for_the_next():
+    """max_steps_per_epoch (or the least steps over the ranks) below the loader's batches: what
+    the sampler processes were still sampling is dropped, not trained as the next epoch's."""
+    import dgl
+
+    assert hasattr(dgl.distributed.DistDataLoader, "_get_data_from_result_queue")  # what we call
+    halo = torch.arange(N // 2, N)
+    buf = HaloBuffer(halo, 20, DIM)
+    feats = BufferedFeatures(FEAT, OWNER, 0, buf, local_id=0)
+    loader = PooledLoader(batches=8)
+    pipe = MinibatchPipeline(lambda e: loader, feats, torch.arange(N) % 3, Recording(),
+                             MetricsCollector(4), 3, EPOCHS, 1, queue_size=2)
+    for epoch in range(EPOCHS):
+        firsts = [int(mb.input_nodes[0]) for mb in pipe.epoch(epoch)]
+        assert firsts == [epoch * 10 + s for s in range(3)], (epoch, firsts)
+    assert loader.pool == []
