@@ -94,7 +94,7 @@ def table(scenario: str, rows: dict[str, dict], best: str, tag: str = "") -> lis
 
 
 def summary_row(s: dict) -> dict:
-    keep = ("fetched_rows", "hits", "remote_rows", "hit_rate", "time_s", "decisions", "replaces", "note")
+    keep = ("fetched_rows", "hits", "remote_rows", "hit_rate", "time_s", "decisions", "replaces", "note", "answers")
     return {k: s[k] for k in keep if k in s}
 
 
@@ -115,6 +115,9 @@ def replay(trace, spec: str, pc, model=None, extra=None, src=None, wait=60.0) ->
         lat = [d["latency_s"] for d in decs if d.get("latency_s")]
         if lat:
             s["note"] += f", {sum(lat) / len(lat):.1f} s/decision"
+        if any(d.get("backend") not in (None, "rule", "classifier") for d in decs):  # the LLM's, for the record
+            s["answers"] = [{k: d.get(k) for k in ("window", "replace", "budget", "admit", "reason", "fallback")}
+                            for d in decs]
         fb = sum(bool(d.get("fallback")) for d in decs)
         if fb:
             s["note"] += f", {fb} fallback"
