@@ -104,11 +104,13 @@ def test_replays_are_unchanged(policy):
 
 
 # (variants, prompts, digest): the six variants as pinned before the refactor; `judge` (issue 18)
-# pinned apart when it was added, so the earlier pin still guards the six
+# pinned apart when it was added, so the earlier pin still guards the six. Re-pinned on purpose
+# for issue 16 (the run's facts stated once, run-wide facts before the trainer's, the canned
+# examples kept beside the run's own); before: 3f0f4b8c... and ea4a131e...
 PINNED_PROMPTS = [
     (("zero-shot", "reason-first", "few-shot", "default", "free-reason", "signals"), 336,
-     "3f0f4b8c9d56ec88f8de43ebff188139478cf87315f03d880a07018b9b239242"),
-    (("judge",), 56, "ea4a131e6d356a3f899af1a1d410a3104598729d498b4d425bcd4808d824ea62"),
+     "0db09515992a01b8a2156198a0a48ffb2959ae74ffd5776c38f7ac4bdb126395"),
+    (("judge",), 56, "c81a10fda6312f8fee78aaceded766c8b71a5fbde7c0df569af118d7fe2f8a44"),
 ]
 
 
