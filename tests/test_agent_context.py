@@ -99,7 +99,7 @@ def test_history_rendered_with_outcomes_and_used_as_examples():
     # the judged window of #1 became an in-context example, labelled by hindsight (replace paid)
     ex_users = [m["content"] for m in p.messages[1:-1:2]]
     assert any("Window 3" in u for u in ex_users)
-    assert len(p.messages) == 1 + 2 * 4 + 1
+    assert len(p.messages) == 1 + 2 * (4 + 1) + 1  # the 4 canned examples and this run's one
     # history_k limits what is shown
     p1 = ContextBuilder(ctx(), "reason-first", history=1).build(WINDOW, h)
     assert "#1 window" not in p1.messages[-1]["content"] and "#3 window" in p1.messages[-1]["content"]
@@ -183,7 +183,7 @@ def test_default_variant_holds_reasons_to_the_examples_form():
     alts = {a["properties"]["replace"]["const"]: re.compile(a["properties"]["reason"]["pattern"])
             for a in p.schema["anyOf"]}
     shown = [json.loads(m["content"]) for m in p.messages if m["role"] == "assistant"]
-    assert len(shown) == 4 and any(a["replace"] for a in shown) and not all(a["replace"] for a in shown)
+    assert len(shown) == 5 and any(a["replace"] for a in shown) and not all(a["replace"] for a in shown)
     for a in shown:
         assert alts[a["replace"]].match(a["reason"]), a["reason"]
     assert not alts[False].match("hit rate up, rows flat; measured hit_rate +0.6 pt: keep")  # copied prompt text
@@ -262,3 +262,86 @@ def test_the_run_context_of_a_replay_says_schedule_ahead():
     # a policy that does not sample ahead never schedules ahead, whatever the key says
     pc = parse_policy("static").prefetch.model_copy(update={"schedule_ahead": True})
     assert not run_context(t, pc, 10).schedule_ahead
+
+
+def _measured(decision: int, window: int, hit: float) -> HistoryEntry:
+    return HistoryEntry(decision=decision, window=window, replace=True, budget="large", rows=10_000,
+                        expected_hit_rate="up", expected_remote_rows="down", hit_delta=0.05, rows_delta=-0.1,
+                        outcome_hit_rate="up", outcome_remote_rows="down", correct=True,
+                        judged={**WINDOW, "window": window, "hit_rate": hit, "prev_hit_rate": hit - 0.02})
+
+
+def test_the_runs_facts_are_stated_once():
+    """Issue 16: the model reads whatever follows the cached prefix anew per answer, and each of
+    this run's own examples used to repeat the run's facts (~150 tokens). Now the first message
+    of this run (its first own example, else the question) states them; the later ones open
+    with "Same run." as the canned examples of one run do."""
+    b = ContextBuilder(ctx(rank=3, part_id=3), "default")  # the canned examples are ranks 0 and 1
+    facts = b.static_text()
+    for hist in ([], [_measured(1, 3, 0.3)], [_measured(1, 3, 0.3), _measured(2, 4, 0.35)]):
+        p = b.build(WINDOW, hist, [0.3])
+        text = "".join(m["content"] for m in p.messages)
+        assert text.count(facts) == 1 and text.count("rank 3 of 4") == 1
+        users = [m["content"] for m in p.messages if m["role"] == "user"]
+        own = users[4:-1]  # after the 4 canned examples
+        assert len(own) == len(hist)
+        assert (own or users[-1:])[0].startswith(facts)
+        assert all(u.startswith("Same run.\nWindow") for u in own[1:])
+        if own:
+            assert users[-1].startswith("Same run.\nRecent decisions:")
+    # variants without this run's examples keep the facts in the question
+    p = ContextBuilder(ctx(), "few-shot").build(WINDOW, [_measured(1, 3, 0.3)], [0.3])
+    assert p.messages[-1]["content"].startswith(ContextBuilder(ctx(), "few-shot").static_text())
+
+
+def test_the_cached_prefix_is_the_same_for_every_question():
+    """The canned examples stay whatever this run's history (its own examples follow them), so
+    system text + canned examples are one prefix the node's server keeps cached; and two
+    trainers of a run share the run-wide facts before their own (rank, partition, capacity)."""
+    hists = [[], [_measured(1, 3, 0.3)], [_measured(1, 3, 0.3), _measured(2, 4, 0.35)]]
+    prompts = [ContextBuilder(ctx(), "default").build(WINDOW, h, [0.3]).messages for h in hists]
+    for msgs in prompts[1:]:
+        assert msgs[:1 + 2 * 4] == prompts[0][:1 + 2 * 4]
+    r0 = ContextBuilder(ctx(rank=0, part_id=0, capacity=9_000), "default").static_text()
+    r1 = ContextBuilder(ctx(), "default").static_text()
+    shared = r0[:next(i for i, (a, b) in enumerate(zip(r0, r1)) if a != b)]
+    for fact in ["200,000 nodes", "4 partitions", "minibatch 1000 seeds", "fanouts 10,25",
+                 "50 minibatches per epoch", "window 10 minibatches", "next 3 minibatches"]:
+        assert fact in shared, fact
+    assert shared.endswith("; rank ")
+
+
+def test_tokens_read_per_question_stay_bounded():
+    """What the node's server reads per answer (the prompt after the prefix it holds: the warm-up
+    prompt's, or the other trainer's question it answered just before), counted with SmolLM2's
+    real tokenizer for a study-like question: 2 trainers of synth-medium, this run's 2 own
+    examples and 4 decisions of history. With the facts in every message of the run (and the
+    canned examples cut to make room for its own) the two trainers read 1,159 and 1,145
+    tokens; with the facts once, run-wide ones first, 863 and 787 (the facts: ~150 tokens)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from rudder.agent.decision import warm_prompt
+    from rudder.agent.models import resolve
+
+    tok = llama_cpp.Llama(model_path=str(resolve("smollm2-135m", verify=False)), vocab_only=True, verbose=False)
+
+    def ids(messages):
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return tok.tokenize((text + "<|im_start|>assistant\n").encode(), add_bos=False, special=True)
+
+    def shared(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    run = dict(num_trainers=2, num_parts=2, num_nodes=200_000, batch_size=500, fanouts=[10, 25],
+               steps_per_epoch=25, epochs=2, feat_dim=64, feat_bytes=256, window=5, lookahead=8)
+    ranks = [ContextBuilder(ctx(rank=r, part_id=r, partition_nodes=100_000 + 1_234 * r,
+                                halo_nodes=50_604 - 777 * r, capacity=12_651 - 194 * r, **run), "default")
+             for r in (0, 1)]
+    hist = [_measured(1, 3, 0.40), _measured(2, 4, 0.45), _measured(3, 5, 0.47), _measured(4, 6, 0.50)]
+    w = {**WINDOW, "window": 7, "first_step": 35, "last_step": 39, "minibatches": 5}
+    warm = ids(warm_prompt("default").messages)
+    q0, q1 = (ids(b.build(w, hist, [0.5]).messages) for b in ranks)
+    read0 = len(q0) - shared(q0, warm)
+    read1 = len(q1) - max(shared(q1, warm), shared(q1, q0))  # rank 1 asks right after rank 0
+    facts = len(tok.tokenize(ranks[0].static_text().encode(), add_bos=False))
+    assert 100 < facts < 200
+    assert read0 < 950 and read1 < read0 - 50, (read0, read1)  # the run-wide facts came from the cache

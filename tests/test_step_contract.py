@@ -104,12 +104,14 @@ def test_replays_are_unchanged(policy):
 
 
 # (variants, prompts, digest): the six variants as pinned before the refactor; `judge` (issue 18)
-# pinned apart when it was added, so the earlier pin still guards the six. Re-pinned (judge only)
-# when it gained the fetched-rows trend, the remote rows' drift and the round cost (h18).
+# pinned apart when it was added, so the earlier pin still guards the six. Re-pinned on purpose
+# for issue 16 (the run's facts stated once, run-wide facts before the trainer's, the canned
+# examples kept beside the run's own); before: 3f0f4b8c... and ea4a131e... The judge pin re-taken
+# again at the merge with h18 (its fetched-rows trend, remote rows' drift and round cost).
 PINNED_PROMPTS = [
     (("zero-shot", "reason-first", "few-shot", "default", "free-reason", "signals"), 336,
-     "3f0f4b8c9d56ec88f8de43ebff188139478cf87315f03d880a07018b9b239242"),
-    (("judge",), 56, "55de688e386fa370fa651de0c076494d5604e5bda05ebe34770e51487137a46c"),
+     "0db09515992a01b8a2156198a0a48ffb2959ae74ffd5776c38f7ac4bdb126395"),
+    (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
 ]
 
 

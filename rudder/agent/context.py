@@ -5,11 +5,13 @@ Message layout. On CPUs the prompt's prefill dominates a decision's latency, and
 reuses the KV cache of the longest prefix shared with the previous call, so everything that is
 the same for every run, rank and window comes first:
   system     metric definitions, actions, rules of thumb, answer format (constant per variant)
-  user/asst  canned in-context examples (constant), then examples judged in hindsight from this
-             run's own history (variant `default`)
-  user       the static context of this run (graph/partition sizes, r/P, batch, minibatches,
-             halo, capacity, budgets in rows), the last decisions with outcomes, the current
-             window
+  user/asst  canned in-context examples (constant: all of them, whatever the run's history),
+             then examples judged in hindsight from this run's own history (variant `default`)
+  user       the last decisions with outcomes, the current window
+The static context of this run (graph and partition sizes, r/P, batch, minibatches, halo,
+capacity, budgets in rows; the facts all trainers share first, then the trainer's own) is stated
+once, by the run's first message: its first own example, else the question; its later messages
+open with "Same run." (issue 16: each repetition, ~150 tokens, was read anew per answer).
 
 Prompt variants (scored by `rudder agent eval`):
   zero-shot     decision first in the JSON (reason last), no examples
@@ -146,8 +148,11 @@ Rules of thumb:
 - If a past prediction failed, change course.
 Answer with one JSON object; "remote_rows" in it means fetched rows:"""
 
+# The facts every trainer of a run shares come first, then this trainer's: the trainers of a node
+# take turns on one model server, whose KV cache then still holds the shared part from the other
+# trainer's question (only the rest is read anew per answer).
 RUN_TEMPLATE = """\
-Run: graph {num_nodes:,} nodes, {num_parts} partitions; rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes, {halo_nodes:,} halo nodes); buffer capacity {capacity:,} rows ({cap_share} of halo); minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs; window {window} minibatches; {lookahead_text}; budgets: small {small:,} rows, medium {medium:,}, large {large:,}."""
+Run: graph {num_nodes:,} nodes, {num_parts} partitions; minibatch {batch_size} seeds, fanouts {fanouts}; {steps_per_epoch} minibatches per epoch, {epochs} epochs; window {window} minibatches; {lookahead_text}; rank {rank} of {num_trainers}, partition {part_id} ({partition_nodes:,} nodes, {halo_nodes:,} halo nodes); buffer capacity {capacity:,} rows ({cap_share} of halo); budgets: small {small:,} rows, medium {medium:,}, large {large:,}."""
 
 ANSWER_REASON_FIRST = (
     '{"reason": "hit rate rising|steady|falling, lookahead on, much|little missing ahead | lookahead off: replace|keep", "replace": true|false, "budget": "small"|"medium"|"large", '
@@ -399,6 +404,8 @@ class ContextBuilder:
             "schema": self.schema, "start_schema": self.start_schema, "answer": self.answer_text,
             "canned": [CANNED_CONTEXT, CANNED] if self.variant.examples != "none" else None,
         }
+        if self.variant.examples == "history":  # the run's facts once, not per own example (issue 16)
+            design["facts"] = "once"
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
 
     def _init_judge(self) -> None:
@@ -582,17 +589,22 @@ class ContextBuilder:
             lines.append(s)
         return "\n".join(lines)
 
-    def _examples(self, history: list[HistoryEntry]) -> list[tuple[str, dict]]:
-        """(user text, answer) pairs: canned first (a constant prefix), then this run's own."""
+    def _examples(self, history: list[HistoryEntry]) -> tuple[list[tuple[str, dict]], int]:
+        """(user text, answer) pairs: canned first (a constant prefix), then this run's own; and
+        how many of them are this run's own (the last ones).
+        The run's facts are stated once, by the first message of this run (its first own
+        example, else the question); its later messages open with "Same run." as the canned
+        examples of one run do: each repetition of the facts (~150 tokens) was read anew by
+        the model per answer (BENCHMARKS.md section 5)."""
         v = self.variant
         if v.examples == "none":
-            return []
+            return [], 0
         if self.judge:
-            return self._judge_examples()
+            return self._judge_examples(), 0
         own: list[tuple[str, dict]] = []
         if v.examples == "history":
             for h in reversed(history):
-                if len(own) >= v.max_examples // 2:  # keep room for canned ones of both labels
+                if len(own) >= v.max_examples // 2:
                     break
                 ex = hindsight_example(h, self.ctx.capacity, self.ctx.depth > 0)
                 if ex is not None:
@@ -600,8 +612,9 @@ class ContextBuilder:
                     prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
                     ex["reason"] = (evidence(judged, prev, self.ctx.capacity, self.ctx.depth > 0)
                                     + conclusion(ex["replace"]))
-                    own.append((self.static_text() + "\n" + self.render_window(judged, prev), ex))
+                    own.append((self.render_window(judged, prev), ex))
             own.reverse()
+            own = [(self._head(i == 0) + text, ex) for i, (text, ex) in enumerate(own)]
         canned = []
         prev_ctx = None
         for e in CANNED:
@@ -616,7 +629,13 @@ class ContextBuilder:
             canned.append((head + self.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]),
                            {"reason": evidence(e["window"], e["recent"], cctx["capacity"], la)
                             + conclusion(e["answer"]["replace"]), **e["answer"]}))
-        return canned[: v.max_examples - len(own)] + own
+        # the canned ones all stay (both labels; a prefix the same for every question, which the
+        # server keeps in its KV cache), this run's own after them
+        return canned[: v.max_examples] + own, len(own)
+
+    def _head(self, first: bool) -> str:
+        """How a message of this run opens: the run's facts (first) or "Same run."."""
+        return self.static_text() + "\n" if first else "Same run.\n"
 
     def _judge_examples(self) -> list[tuple[str, dict]]:
         """Canned windows with answers of every kind (keep, replace admitting misses, replace
@@ -636,10 +655,12 @@ class ContextBuilder:
               recent: Iterable[float | dict] = ()) -> Prompt:
         hist = [h if isinstance(h, HistoryEntry) else HistoryEntry.model_validate(h) for h in history]
         msgs = [{"role": "system", "content": self.system}]
-        for user, answer in self._examples(hist):
+        examples, own = self._examples(hist)
+        for user, answer in examples:
             msgs.append({"role": "user", "content": user})
             msgs.append({"role": "assistant", "content": json.dumps(_ordered(answer, self.variant.reason_first))})
-        user = "\n".join([self.static_text(), self.render_history(hist), self.render_window(window, recent)])
+        # the facts once: here unless an example of this run's own stated them already
+        user = self._head(own == 0) + "\n".join([self.render_history(hist), self.render_window(window, recent)])
         msgs.append({"role": "user", "content": user})
         schema = self.start_schema if window.get("window") == START_WINDOW else self.schema
         return Prompt(msgs, schema, self.hash, self.variant.name)

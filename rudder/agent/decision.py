@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RAW_MAX = 2000  # chars of raw model output kept in a decision record
-N_CTX = 4096  # prompt (~1-1.5k tokens with examples) + answer fit with room to spare
+N_CTX = 4096  # prompt (~1.9-2.7k tokens with examples) + answer fit with room to spare
 
 # Policies that can stand in when the agent has no valid answer (they need no model).
 FALLBACKS = ("static", "fixed", "lookahead")
