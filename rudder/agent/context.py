@@ -320,19 +320,21 @@ def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int =
         slack_share = slack_s / compute_s if compute_s > 0 else None
     missing = w.get("lookahead_missing") if lookahead else None
     missing_share = None if missing is None else missing / cap
-    before = next((r.get("lookahead_missing") for r in reversed(recent) if isinstance(r, dict)), None)
+    windows = [r for r in recent if isinstance(r, dict)]  # those that carry more than a hit rate
+    last = windows[-1] if windows else {}  # the window before
+    before = last.get("lookahead_missing")
     drift = None if missing_share is None or before is None else 100 * (missing_share - before / cap)
     stale = w.get("stale_slots")
     # rows: per minibatch, over the windows of the hit-rate trend (those that carry rows)
     fetched_mb, remote_mb = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
-    rows_series = [per_minibatch(r, "fetched_rows") for r in recent if isinstance(r, dict)]
+    rows_series = [per_minibatch(r, "fetched_rows") for r in windows]
     rows_series = [x for x in rows_series if x is not None][-(TREND_WINDOWS - 1):]
     rows_trend = None
     if fetched_mb is not None and rows_series:
         ys = rows_series + [fetched_mb]
         mean = sum(ys) / len(ys)
         rows_trend = 100 * _slope(ys) / mean if mean > 0 else None
-    remote_before = next((per_minibatch(r, "remote_rows") for r in reversed(recent) if isinstance(r, dict)), None)
+    remote_before = per_minibatch(last, "remote_rows")
     remote_drift = (100 * (remote_mb / remote_before - 1)
                     if remote_mb is not None and remote_before else None)
     round_rows = round_mb = None
