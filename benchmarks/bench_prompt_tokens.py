@@ -33,8 +33,9 @@ from rudder.agent.eval import DEFAULT_SETS, load_windows  # noqa: E402
 
 def chatml(messages: list[dict]) -> str:
     """The text a ChatML model reads (Qwen2.5's and SmolLM2's template), generation prompt last."""
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + \
-        "<|im_start|>assistant\n"
+    from llama_cpp.llama_chat_format import format_chatml
+
+    return format_chatml(messages).prompt
 
 
 class Tokens:

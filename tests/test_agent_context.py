@@ -324,9 +324,10 @@ def test_tokens_read_per_question_stay_bounded():
 
     tok = llama_cpp.Llama(model_path=str(resolve("smollm2-135m", verify=False)), vocab_only=True, verbose=False)
 
-    def ids(messages):
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return tok.tokenize((text + "<|im_start|>assistant\n").encode(), add_bos=False, special=True)
+    def ids(messages):  # SmolLM2's template is ChatML, generation prompt last
+        from llama_cpp.llama_chat_format import format_chatml
+
+        return tok.tokenize(format_chatml(messages).prompt.encode(), add_bos=False, special=True)
 
     def shared(a, b):
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
