@@ -39,25 +39,28 @@ from rudder.prefetch.policy import Replace
 from rudder.prefetch.step import begin_step, finish_step
 
 
+def module_at(rev: str, path: str, name: str, required: bool = True) -> types.ModuleType | None:
+    """The module at `path` (in this repository) as of `rev`, loaded beside this code as `name`
+    (git show); None where it did not exist then and `required` is False."""
+    src = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True,
+                         check=required, cwd=Path(__file__).resolve().parent)
+    if src.returncode != 0:
+        return None
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod  # dataclasses look their module up
+    exec(compile(src.stdout, f"{rev}:{path}", "exec"), mod.__dict__)
+    return mod
+
+
 def load_before(rev: str) -> tuple[types.ModuleType, ...]:
     """rudder/prefetch/buffer.py, step.py, features.py and metrics.py as of `rev`, loaded beside
     this code (git show); the old features module calls the old step functions."""
-    mods = []
-    for name in ("buffer", "step", "features", "metrics"):
-        src = subprocess.run(["git", "show", f"{rev}:rudder/prefetch/{name}.py"], capture_output=True, text=True,
-                             check=True, cwd=Path(__file__).resolve().parent).stdout
-        mod = types.ModuleType(f"before_{name}")
-        sys.modules[mod.__name__] = mod  # dataclasses look their module up
-        exec(compile(src, f"{rev}:rudder/prefetch/{name}.py", "exec"), mod.__dict__)
-        mods.append(mod)
+    mods = [module_at(rev, f"rudder/prefetch/{name}.py", f"before_{name}")
+            for name in ("buffer", "step", "features", "metrics")]
     mods[2].begin_step, mods[2].finish_step = mods[1].begin_step, mods[1].finish_step
     # the old buffer's incremental next use as of `rev` too, where it had one
-    src = subprocess.run(["git", "show", f"{rev}:rudder/prefetch/nextuse.py"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent)
-    if src.returncode == 0:
-        nu = types.ModuleType("before_nextuse")
-        sys.modules[nu.__name__] = nu
-        exec(compile(src.stdout, f"{rev}:rudder/prefetch/nextuse.py", "exec"), nu.__dict__)
+    nu = module_at(rev, "rudder/prefetch/nextuse.py", "before_nextuse", required=False)
+    if nu is not None:
         for name in ("WindowNextUse", "next_use_scratch"):
             if name in mods[0].__dict__:
                 setattr(mods[0], name, getattr(nu, name))

@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +37,9 @@ from rudder.trace import Trace
 
 
 def load_before(rev: str) -> type:
-    src = subprocess.run(["git", "show", f"{rev}:rudder/prefetch/remote_index.py"], capture_output=True,
-                         text=True, check=True, cwd=Path(__file__).resolve().parent).stdout
-    mod = types.ModuleType("before_remote_index")
-    sys.modules[mod.__name__] = mod
-    exec(compile(src, f"{rev}:rudder/prefetch/remote_index.py", "exec"), mod.__dict__)
-    return mod.RemoteIndex
+    from bench_buffer_ab import module_at  # benchmarks/ is on sys.path when run as a script
+
+    return module_at(rev, "rudder/prefetch/remote_index.py", "before_remote_index").RemoteIndex
 
 
 def policy_spec(max_nodes: int | None):
