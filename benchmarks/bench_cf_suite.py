@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule",
-             "history_cold", "history_cold_small")
+from bench_baselines import SCENARIOS  # noqa: E402  (the scenarios every baseline runs on)
 
 
 def main() -> None:
