@@ -113,6 +113,12 @@ def sample_ahead(pc: "PrefetchConfig") -> int:
     return WHOLE_EPOCH if pc.schedule_ahead else pc.lookahead
 
 
+def schedules_ahead(pc: "PrefetchConfig") -> bool:
+    """Whether the run samples each epoch's minibatches whole at its start (schedule_ahead on a
+    policy that uses the known future; what RunContext.schedule_ahead tells the agent)."""
+    return sample_ahead(pc) == WHOLE_EPOCH
+
+
 class PrefetchConfig(Strict):
     policy: str = "none"  # none | static | fixed | lookahead | agent | classifier:<name>
     prefetch_fraction: float = Field(0.25, ge=0, le=1)  # buffer capacity / halo nodes

@@ -290,7 +290,7 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
                  full_steps: int, run_dir: Path, device):
     """Sets the policy up with the run's static facts (returned) and waits until it is ready
     (the agent loads its model)."""
-    from rudder.config import WHOLE_EPOCH, sample_ahead
+    from rudder.config import schedules_ahead
     from rudder.device import describe
     from rudder.prefetch.policy import RunContext
 
@@ -301,7 +301,7 @@ def start_policy(policy, cfg, part: Partition, feats, capacity: int, steps_per_e
         capacity=capacity, batch_size=tc.batch_size, fanouts=list(tc.fanouts),
         steps_per_epoch=steps_per_epoch, epochs=tc.epochs, feat_dim=int(part.feat.shape[1]),
         feat_bytes=feats.row_bytes, window=pc.window, lookahead=pc.lookahead, run_dir=str(run_dir),
-        schedule_ahead=sample_ahead(pc) == WHOLE_EPOCH,
+        schedule_ahead=schedules_ahead(pc),
         extra={"dataset": cfg.dataset.name, "seed": tc.seed, "full_steps_per_epoch": full_steps,
                "threads": part.threads, "device": describe(device),
                "feature_dtype": str(part.feat.dtype).removeprefix("torch."),

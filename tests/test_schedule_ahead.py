@@ -111,3 +111,11 @@ def test_the_loader_samples_the_whole_epoch_ahead_and_shows_the_rest_of_it():
     for e in range(EPOCHS):  # every minibatch of epoch e sampled before its first plan
         first_plan = log.index(("plan", e, 0, STEPS - 1))
         assert all(log.index(("sample", e, s)) < first_plan for s in range(STEPS))
+
+
+def test_schedules_ahead_only_for_policies_that_use_the_future():
+    from rudder.config import schedules_ahead
+
+    assert schedules_ahead(PrefetchConfig(policy="lookahead", schedule_ahead=True))
+    assert not schedules_ahead(PrefetchConfig(policy="lookahead"))
+    assert not schedules_ahead(PrefetchConfig(policy="fixed", schedule_ahead=True))

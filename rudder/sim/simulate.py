@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from rudder.config import WHOLE_EPOCH, sample_ahead
+from rudder.config import sample_ahead, schedules_ahead
 from rudder.records import (EpochTotals, JsonlWriter, MinibatchRecord, StepStats, host_info, read_run,
                             versions, write_json_atomic)
 from rudder.sim.caches import CACHES, make_cache
@@ -237,7 +237,7 @@ def run_context(trace: Trace, prefetch, capacity: int, rank: int = 0, source: di
         fanouts=list(train.get("fanouts", graph.get("fanouts", []))), steps_per_epoch=steps,
         epochs=epochs, feat_dim=trace.feat_bytes // 4, feat_bytes=trace.feat_bytes,
         window=prefetch.window, lookahead=prefetch.lookahead, run_dir=None,
-        schedule_ahead=sample_ahead(prefetch) == WHOLE_EPOCH,
+        schedule_ahead=schedules_ahead(prefetch),
         extra={"dataset": cfg.get("dataset", {}).get("name", graph.get("dataset"))},
     )
     for k in ("num_trainers", "num_nodes", "partition_nodes", "batch_size", "fanouts", "feat_dim", "extra"):
