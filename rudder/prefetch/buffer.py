@@ -304,56 +304,68 @@ class HaloBuffer:
         H = self.halo.numel()
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
+        # The round runs in numpy on views of the buffer's tensors (shared memory): the same
+        # values as torch ops, with less dispatch per op. The two rankings stay torch.topk on the
+        # same keys, so the same victims and newcomers, ties included.
         INF = len(future) + 1
         if self.incremental_next_use:  # kept up to date as the window slides (rudder.prefetch.nextuse)
             if self._next_use is None:
                 self._next_use = WindowNextUse(H)
             nu = self._next_use
             nu.sync(future, self._future_positions)
-            next_use_of, freq_of = nu.next_use, nu.frequency
+            next_use_of, freq_of = nu.next_use_np, nu.freq_np
         else:
             nu = None
-            next_use, freq = next_use_scratch([self._future_positions(f) for f in future], H)
-            next_use_of, freq_of = (lambda p: next_use.index_select(0, p)), (lambda p: freq.index_select(0, p))
+            next_use, freq = (t.numpy() for t in next_use_scratch([self._future_positions(f) for f in future], H))
+            next_use_of, freq_of = next_use.take, freq.take
+        slot_of = self.slot_of.numpy()
         has_free = free_pos is not None and free_pos.numel() > 0
         if admit == "misses":  # candidates: the free nodes (sorted, as a scan of the halo gives them)
             if not has_free:
                 return _EMPTY, _EMPTY
-            cand_next = next_use_of(free_pos)
-            keep = (self.slot_of.index_select(0, free_pos) < 0) & (cand_next < INF)
-            cand, cand_next = free_pos.masked_select(keep), cand_next.masked_select(keep)
-            # distinct and ascending (ties below go by this order): numpy's unique, several times
-            # faster than torch's on the CPU; kept before sorting, so fewer to sort
-            cand, first = np.unique(cand.numpy(), return_index=True)
-            cand = torch.from_numpy(cand)
-            cand_next = cand_next.index_select(0, torch.from_numpy(first))
-            cand_free = None  # all free
-        else:
-            used = nu.used() if nu is not None else next_use < INF
-            cand = torch.nonzero((self.slot_of < 0) & used).flatten()
+            fp = free_pos.numpy()
+            keep = slot_of[fp] < 0
+            keep &= next_use_of(fp) < INF
+            # distinct and ascending (ties below go by this order); a minibatch's positions are
+            # distinct, so a sort is a unique unless the caller repeats one
+            cand = np.sort(fp[keep])
+            if cand.size > 1:
+                new = cand[1:] != cand[:-1]
+                if not new.all():
+                    cand = cand[np.concatenate(([True], new))]
             cand_next = next_use_of(cand)
-            free = torch.zeros(H, dtype=torch.bool)  # a mask, not isin: that sorts
+            not_free = 0  # all free
+        else:
+            used = nu.freq != 0 if nu is not None else next_use < INF
+            cand = np.flatnonzero((slot_of < 0) & used)
+            cand_next = next_use_of(cand)
+            free = np.zeros(H, dtype=bool)  # a mask, not isin: that sorts
             if has_free:
-                free.index_fill_(0, free_pos, True)
-            cand_free = free.index_select(0, cand)
-        n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
+                free[free_pos.numpy()] = True
+            not_free = (~free[cand]).astype(np.int64)
+        n = min(cand.size, self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
+            return _EMPTY, _EMPTY
+        slot_pos = self.slot_pos.numpy()
+        filled = slot_pos >= 0
+        # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
+        # lowest score
+        vnext = np.where(filled, next_use_of(np.maximum(slot_pos, 0)), INF + 1)
+        if int(cand_next.min()) >= int(vnext.max()):
+            # no newcomer is used sooner than any slot's node: the prefix below is empty
             return _EMPTY, _EMPTY
         # one integer key: next use ascending, then free first, then frequency descending
         F = len(future) + 1
-        not_free = 0 if cand_free is None else (~cand_free).long()
         ckey = (cand_next * 2 + not_free) * (F + 1) + (F - freq_of(cand))
-        top = torch.topk(ckey, n, largest=False, sorted=True).indices
-        cand, cand_next = cand.index_select(0, top), cand_next.index_select(0, top)
-        filled = self.slot_pos >= 0
-        # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
-        # lowest score
-        vnext = torch.where(filled, next_use_of(self.slot_pos.clamp(min=0)), INF + 1)
-        vkey = vnext.double() * 1e12 - self.score
-        victims = torch.topk(vkey, n, largest=True, sorted=True).indices
-        ok = cand_next < vnext.index_select(0, victims)
+        top = torch.topk(torch.from_numpy(ckey), n, largest=False, sorted=True).indices.numpy()
+        cand, cand_next = cand[top], cand_next[top]
+        vkey = vnext.astype(np.float64)
+        vkey *= 1e12
+        vkey -= self.score.numpy()
+        victims = torch.topk(torch.from_numpy(vkey), n, largest=True, sorted=True).indices
+        ok = cand_next < vnext[victims.numpy()]
         k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
-        return victims[:k], self._newcomers(cand[:k])
+        return victims[:k], self._newcomers(torch.from_numpy(cand[:k]))
 
     # ---- mutation -------------------------------------------------------------------------
     def fill(self, ids: torch.Tensor, feats: torch.Tensor | None = None) -> None:
