@@ -150,8 +150,9 @@ class HaloBuffer:
         is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
         if self.index is not None:
             self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
-        slots = torch.where(is_halo, self.slot_of.index_select(0, pos), -1)
-        return is_halo, pos, slots
+        slots = self.slot_of.numpy().take(pos.numpy())
+        slots[~is_halo.numpy()] = -1
+        return is_halo, pos, torch.from_numpy(slots)
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies rows out, on the buffer's device: the caller's tensor never aliases the buffer
@@ -189,11 +190,13 @@ class HaloBuffer:
         not buffered gets +1 miss (not on replacement minibatches: the reference skips them).
         hit_slots: distinct slots hit; missed_pos: halo positions of the non-buffered halo
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
-        self.score.mul_(self.decay)
+        score = self.score.numpy()  # numpy on the tensors' memory: the same arithmetic, less dispatch
+        score *= self.decay
         if hit_slots.numel():
-            self.score.scatter_(0, hit_slots, self.score.index_select(0, hit_slots) / self.decay)
+            hs = hit_slots.numpy()
+            score[hs] = score[hs] / self.decay
         if count_misses and missed_pos.numel():
-            self.miss_count.index_add_(0, missed_pos, torch.ones(missed_pos.numel(), dtype=torch.float64))
+            self.miss_count.numpy()[missed_pos.numpy()] += 1.0
 
     def stale_slots(self) -> torch.Tensor:
         """Filled slots whose score fell below (1-alpha)^period, lowest score first; then empties."""
@@ -247,7 +250,7 @@ class HaloBuffer:
         return int((~hit).sum())
 
     def stale_count(self) -> int:
-        return int(((self.slot_pos >= 0) & (self.score < self.threshold)).sum())
+        return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < self.threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
     def plan_massivegnn(self, max_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,7 +412,7 @@ class HaloBuffer:
     # ---- inspection -----------------------------------------------------------------------
     @property
     def size(self) -> int:
-        return int((self.slot_pos >= 0).sum())
+        return int(np.count_nonzero(self.slot_pos.numpy() >= 0))
 
     def contents(self) -> torch.Tensor:
         return self.halo[self.slot_pos[self.slot_pos >= 0]]
