@@ -226,7 +226,7 @@ class HaloBuffer:
         hit = self._memo(ids)
         if hit is None:
             is_halo, pos = self.halo_positions(ids)
-            hit = (ids, is_halo, pos, pos.masked_select(is_halo))
+            hit = (ids, is_halo, pos, torch.from_numpy(pos.numpy()[is_halo.numpy()]))
             self._pos_memo[self._memo_key(ids)] = hit
             while len(self._pos_memo) > 16:
                 self._pos_memo.pop(next(iter(self._pos_memo)))
@@ -397,15 +397,19 @@ class HaloBuffer:
         if new_pos is None:
             _, new_pos = (self.halo_positions(new_ids) if self.index is None
                           else self._remote_positions(new_ids, insert=False))
-        # (slots, old and new positions are each duplicate-free: scatter_ is index_put here)
-        old_pos = self.slot_pos.index_select(0, slots)
+        # (slots, old and new positions are each duplicate-free: a fancy assignment is a scatter
+        # here); numpy on the tensors' memory, as in the lookup
+        sl, npos = slots.numpy(), new_pos.numpy()
+        slot_pos, slot_of = self.slot_pos.numpy(), self.slot_of.numpy()
+        score, miss_count = self.score.numpy(), self.miss_count.numpy()
+        old_pos = slot_pos[sl]
         had = old_pos >= 0
-        old, evicted = old_pos.masked_select(had), slots.masked_select(had)
-        self.miss_count.scatter_(0, old, self.score.index_select(0, evicted))
-        self.slot_of.index_fill_(0, old, -1)
-        self.score.scatter_(0, slots, self.miss_count.index_select(0, new_pos))
-        self.slot_pos.scatter_(0, slots, new_pos)
-        self.slot_of.scatter_(0, new_pos, slots)
+        old = old_pos[had]
+        miss_count[old] = score[sl[had]]
+        slot_of[old] = -1
+        score[sl] = miss_count[npos]
+        slot_pos[sl] = npos
+        slot_of[npos] = sl
         if self.store_features and feats is not None:
             self._write(slots, feats)
 
