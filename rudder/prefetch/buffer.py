@@ -10,14 +10,18 @@ Memory is bounded by the halo size H, never the graph size:
   feats      [C, D] the buffered feature rows, on `device` (the training device)
   score      [C]  eviction score: x(1-alpha) per minibatch, a hit skips that minibatch's decay
   miss_count [H]  times a non-buffered halo node was sampled
-Everything is tensor ops over whole minibatches; there is no per-node Python loop.
+Everything is array ops over whole minibatches; there is no per-node Python loop. The index
+tensors are CPU tensors; the hot path (lookup, bookkeeping, the lookahead round, `apply`) works
+on their numpy views (`.numpy()`: the same memory), which cost less dispatch per op than torch's
+at a minibatch's few thousand ids; callers still get torch tensors.
 
 Only the rows live on the training device: a hit is served there and never crosses PCIe; slot
 numbers go over, and rows only as a newcomer's (from the rows pulled anyway). The index (every
 other tensor) stays on the CPU, beside the sampler that makes the ids and the pull that needs the
-misses. On a GPU it would cost a copy of the ids in, one kernel per torch op (59 per minibatch,
-502 with a lookahead round) and a copy of the misses out before the pull: maybe faster than the
-CPU at benchmark scale, not measured yet (BENCHMARKS.md, section 8).
+misses. On a GPU it would cost a copy of the ids in, one kernel per op (~60 per minibatch,
+a few hundred with a lookahead round, as last counted in torch ops) and a copy of the misses out
+before the pull: maybe faster than the CPU at benchmark scale, not measured yet (BENCHMARKS.md,
+section 8).
 """
 from __future__ import annotations
 
@@ -102,16 +106,20 @@ class HaloBuffer:
         if H == 0 or ids.numel() == 0:
             z = torch.zeros(ids.numel(), dtype=torch.int64)
             return z.bool(), z
-        nb = self._bucket_off.numel() - 1
-        bk = (ids >> self._shift).clamp_(0, nb - 1)
-        lo, hi = self._bucket_off.index_select(0, bk), self._bucket_off.index_select(0, bk + 1)
+        # numpy on the tensors' memory (the same search; less dispatch per op)
+        off, halo, x = self._bucket_off.numpy(), self.halo.numpy(), ids.numpy()
+        nb = off.size - 1
+        bk = np.clip(x >> self._shift, 0, nb - 1)
+        lo, hi = off.take(bk), off.take(bk + 1)
         for _ in range(self._search_steps):
-            mid = (lo + hi) >> 1
-            right = (mid < hi) & (self.halo.index_select(0, mid.clamp(max=H - 1)) < ids)
-            lo = torch.where(right, mid + 1, lo)
-            hi = torch.where(right, hi, mid)
-        pos = lo.clamp_(max=H - 1)
-        return self.halo.index_select(0, pos) == ids, pos
+            mid = lo + hi
+            mid >>= 1
+            right = mid < hi
+            right &= halo.take(np.minimum(mid, H - 1)) < x
+            np.copyto(lo, mid + 1, where=right)
+            np.copyto(hi, mid, where=~right)
+        pos = np.minimum(lo, H - 1, out=lo)
+        return torch.from_numpy(halo.take(pos) == x), torch.from_numpy(pos)
 
     # ---- the remote universe (universe="remote") -------------------------------------------
     def _remote_positions(self, ids: torch.Tensor, insert: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
