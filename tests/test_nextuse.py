@@ -134,17 +134,26 @@ def test_incremental_rounds_plan_as_the_scratch_rounds(seed, admit, budget):
     assert sum(len(p[2]) for p in plans) > 20  # the rounds did replace
 
 
-def test_gather_into_reuses_its_scratch_without_aliasing():
-    buf = HaloBuffer(torch.arange(10), 4, 2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_gather_into_copies_rows_without_aliasing(dtype):
+    """The CPU path (numpy row copy) and the scratch path (a non-contiguous output) put the
+    same rows in; the scratch is reused, not allocated again; outputs never alias."""
+    buf = HaloBuffer(torch.arange(10), 4, 2, dtype=dtype)
     buf.fill(torch.tensor([0, 1, 2, 3]), torch.arange(8.0).reshape(4, 2))
-    first = torch.zeros(3, 2)
+    first = torch.zeros(3, 2, dtype=dtype)
     buf.gather_into(first, torch.tensor([2, 0]), torch.tensor([1, 3]))
+    strided = torch.zeros(3, 4, dtype=dtype)[:, ::2]  # not row-contiguous: the scratch path
+    buf.gather_into(strided, torch.tensor([2, 0]), torch.tensor([1, 3]))
     scratch = buf._scratch
-    second = torch.zeros(2, 2)
+    assert scratch is not None
+    second = torch.zeros(2, 2, dtype=dtype)
     buf.gather_into(second, torch.tensor([1]), torch.tensor([0]))
+    buf.gather_into(torch.zeros(2, 4, dtype=dtype)[:, ::2], torch.tensor([1]), torch.tensor([0]))
     assert buf._scratch is scratch  # reused, not allocated again
-    assert first.tolist() == [[6, 7], [0, 0], [2, 3]]  # untouched by the second call
+    assert first.tolist() == strided.tolist() == [[6, 7], [0, 0], [2, 3]]  # untouched by later calls
     assert second.tolist() == [[0, 0], [0, 1]]
+    buf.feats.zero_()
+    assert first.tolist() == [[6, 7], [0, 0], [2, 3]]  # a copy, not a view of the buffer
 
 
 def test_window_missing_read_off_the_round_equals_a_unique_over_the_window():
