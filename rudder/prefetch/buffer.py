@@ -193,6 +193,9 @@ class HaloBuffer:
 
     def _write(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
         """Rows into slots; rows pulled on the CPU cross to the device here (newcomers only)."""
+        if _byte_rows(self.feats, feats):  # CPU, same dtype: one numpy copy of whole rows
+            _rows(self.feats)[slots.cpu().numpy()] = _rows(feats)
+            return
         self.feats.index_copy_(0, slots.to(self.feats.device), feats.to(self.feats.device, self.feats.dtype))
 
     # ---- bookkeeping ----------------------------------------------------------------------
