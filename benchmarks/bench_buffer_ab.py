@@ -197,7 +197,10 @@ def part_fetch(args, old_buffer, old_step, old_features, old_metrics) -> None:
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
-    local, H, dim = 100_000, 300_000, 128  # partition 0 owns ids < local; the rest is its halo
+    # partition 0 owns ids < local; the rest is its halo. bench: synth-bench's scale (~39k remote,
+    # ~60k local input ids); medium: synth-medium P=2's (~9k remote of ~45k input ids, dim 64)
+    local, H, dim, draws, nlocal = ((100_000, 300_000, 128, 48_000, 60_000) if args.fetch_scale == "bench"
+                                    else (100_000, 51_000, 64, 11_000, 36_000))
     table = torch.randn(local + H, dim, generator=g)
     owner_of = lambda ids: (ids >= local).long()  # noqa: E731
     halo = torch.arange(local, local + H)
@@ -206,8 +209,8 @@ def part_fetch(args, old_buffer, old_step, old_features, old_metrics) -> None:
     w = torch.distributions.Pareto(1.0, 1.2).sample((H,))
 
     def minibatch():  # ~39k remote (skewed) and ~60k local input ids, in sampler order
-        r = torch.unique(halo[torch.multinomial(w, 48_000, replacement=True, generator=g)])
-        ids = torch.cat([torch.randperm(local, generator=g)[:60_000], r])
+        r = torch.unique(halo[torch.multinomial(w, draws, replacement=True, generator=g)])
+        ids = torch.cat([torch.randperm(local, generator=g)[:nlocal], r])
         return ids[torch.randperm(ids.numel(), generator=g)]
 
     mbs = [minibatch() for _ in range(args.steps + 10)]
@@ -257,6 +260,8 @@ def main() -> None:
     ap.add_argument("--policies", default="lookahead,lookahead:8:0.1:any")
     ap.add_argument("--part", choices=("step", "fetch", "replay", "all"), default="all")
     ap.add_argument("--before", default="41f550a", help="the git revision to compare against")
+    ap.add_argument("--fetch-scale", choices=("bench", "medium"), default="bench",
+                    help="part fetch: synth-bench's minibatch and halo sizes, or synth-medium P=2's")
     args = ap.parse_args()
     old = load_before(args.before)
     print(f"before = rudder/prefetch/{{buffer,step,features,metrics}}.py at {args.before}; after = this checkout")

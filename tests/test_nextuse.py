@@ -60,6 +60,44 @@ def test_a_window_of_any_length_is_kept():  # the old 62-minibatch bound is gone
         assert torch.equal(nu.frequency(torch.arange(4)), want_freq)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packed_rows_survive_growth_compaction_and_copies(seed):
+    """Minibatches large against the link array (it grows and compacts many times), windows that
+    slide, skip and restart, and a deep copy (a forked replayer's) stepped beside the original:
+    next use and frequency equal the scratch computation's at every step, in both."""
+    import copy
+
+    rng = random.Random(seed)
+    H = 3000
+    stream = [_minibatch(rng, H, rng.randint(0, 1500)) for _ in range(80)]
+    nu = WindowNextUse(H)
+    twin = None
+    every = torch.arange(H)
+    g = 0
+    while g < 70:
+        depth = rng.choice([8, 8, 8, 3, 1, 10])
+        future = stream[g + 1:g + 1 + depth]
+        for w in (nu, twin) if twin is not None else (nu,):
+            w.sync(future, lambda ids: ids)
+            want_next, want_freq = next_use_scratch(list(future), H)
+            assert torch.equal(w.next_use(every), want_next)
+            assert torch.equal(w.frequency(every), want_freq)
+            assert torch.equal(w.used(), want_next <= len(future))
+        if g == 20:
+            twin = copy.deepcopy(nu)
+        g += 1 if rng.random() < 0.85 else rng.randint(2, 9)
+    assert nu.link.size > 1024  # it grew
+
+
+def test_numpy_and_torch_positions_give_the_same_answers():
+    nu = WindowNextUse(10)
+    nu.sync([torch.tensor([3, 1]), torch.tensor([1, 7])], lambda ids: ids)
+    pos = torch.tensor([1, 3, 7, 0])
+    assert nu.next_use(pos).tolist() == nu.next_use_np(pos.numpy()).tolist() == [1, 1, 2, 3]
+    assert nu.frequency(pos).tolist() == [2, 1, 1, 0]
+    assert nu.used(pos).tolist() == [True, True, True, False]
+
+
 def _plans(incremental: bool, seed: int, admit: str, budget):
     """Every step's (hits, victims, newcomers) and the final rows, stepping a buffer with rows."""
     rng = random.Random(seed)
@@ -96,17 +134,26 @@ def test_incremental_rounds_plan_as_the_scratch_rounds(seed, admit, budget):
     assert sum(len(p[2]) for p in plans) > 20  # the rounds did replace
 
 
-def test_gather_into_reuses_its_scratch_without_aliasing():
-    buf = HaloBuffer(torch.arange(10), 4, 2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_gather_into_copies_rows_without_aliasing(dtype):
+    """The CPU path (numpy row copy) and the scratch path (a non-contiguous output) put the
+    same rows in; the scratch is reused, not allocated again; outputs never alias."""
+    buf = HaloBuffer(torch.arange(10), 4, 2, dtype=dtype)
     buf.fill(torch.tensor([0, 1, 2, 3]), torch.arange(8.0).reshape(4, 2))
-    first = torch.zeros(3, 2)
+    first = torch.zeros(3, 2, dtype=dtype)
     buf.gather_into(first, torch.tensor([2, 0]), torch.tensor([1, 3]))
+    strided = torch.zeros(3, 4, dtype=dtype)[:, ::2]  # not row-contiguous: the scratch path
+    buf.gather_into(strided, torch.tensor([2, 0]), torch.tensor([1, 3]))
     scratch = buf._scratch
-    second = torch.zeros(2, 2)
+    assert scratch is not None
+    second = torch.zeros(2, 2, dtype=dtype)
     buf.gather_into(second, torch.tensor([1]), torch.tensor([0]))
+    buf.gather_into(torch.zeros(2, 4, dtype=dtype)[:, ::2], torch.tensor([1]), torch.tensor([0]))
     assert buf._scratch is scratch  # reused, not allocated again
-    assert first.tolist() == [[6, 7], [0, 0], [2, 3]]  # untouched by the second call
+    assert first.tolist() == strided.tolist() == [[6, 7], [0, 0], [2, 3]]  # untouched by later calls
     assert second.tolist() == [[0, 0], [0, 1]]
+    buf.feats.zero_()
+    assert first.tolist() == [[6, 7], [0, 0], [2, 3]]  # a copy, not a view of the buffer
 
 
 def test_window_missing_read_off_the_round_equals_a_unique_over_the_window():

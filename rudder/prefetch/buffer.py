@@ -10,14 +10,18 @@ Memory is bounded by the halo size H, never the graph size:
   feats      [C, D] the buffered feature rows, on `device` (the training device)
   score      [C]  eviction score: x(1-alpha) per minibatch, a hit skips that minibatch's decay
   miss_count [H]  times a non-buffered halo node was sampled
-Everything is tensor ops over whole minibatches; there is no per-node Python loop.
+Everything is array ops over whole minibatches; there is no per-node Python loop. The index
+tensors are CPU tensors; the hot path (lookup, bookkeeping, the lookahead round, `apply`) works
+on their numpy views (`.numpy()`: the same memory), which cost less dispatch per op than torch's
+at a minibatch's few thousand ids; callers still get torch tensors.
 
 Only the rows live on the training device: a hit is served there and never crosses PCIe; slot
 numbers go over, and rows only as a newcomer's (from the rows pulled anyway). The index (every
 other tensor) stays on the CPU, beside the sampler that makes the ids and the pull that needs the
-misses. On a GPU it would cost a copy of the ids in, one kernel per torch op (59 per minibatch,
-502 with a lookahead round) and a copy of the misses out before the pull: maybe faster than the
-CPU at benchmark scale, not measured yet (BENCHMARKS.md, section 8).
+misses. On a GPU it would cost a copy of the ids in, one kernel per op (~60 per minibatch,
+a few hundred with a lookahead round, as last counted in torch ops) and a copy of the misses out
+before the pull: maybe faster than the CPU at benchmark scale, not measured yet (BENCHMARKS.md,
+section 8).
 """
 from __future__ import annotations
 
@@ -102,16 +106,20 @@ class HaloBuffer:
         if H == 0 or ids.numel() == 0:
             z = torch.zeros(ids.numel(), dtype=torch.int64)
             return z.bool(), z
-        nb = self._bucket_off.numel() - 1
-        bk = (ids >> self._shift).clamp_(0, nb - 1)
-        lo, hi = self._bucket_off.index_select(0, bk), self._bucket_off.index_select(0, bk + 1)
+        # numpy on the tensors' memory (the same search; less dispatch per op)
+        off, halo, x = self._bucket_off.numpy(), self.halo.numpy(), ids.numpy()
+        nb = off.size - 1
+        bk = np.clip(x >> self._shift, 0, nb - 1)
+        lo, hi = off.take(bk), off.take(bk + 1)
         for _ in range(self._search_steps):
-            mid = (lo + hi) >> 1
-            right = (mid < hi) & (self.halo.index_select(0, mid.clamp(max=H - 1)) < ids)
-            lo = torch.where(right, mid + 1, lo)
-            hi = torch.where(right, hi, mid)
-        pos = lo.clamp_(max=H - 1)
-        return self.halo.index_select(0, pos) == ids, pos
+            mid = lo + hi
+            mid >>= 1
+            right = mid < hi
+            right &= halo.take(np.minimum(mid, H - 1)) < x
+            np.copyto(lo, mid + 1, where=right)
+            np.copyto(hi, mid, where=~right)
+        pos = np.minimum(lo, H - 1, out=lo)
+        return torch.from_numpy(halo.take(pos) == x), torch.from_numpy(pos)
 
     # ---- the remote universe (universe="remote") -------------------------------------------
     def _remote_positions(self, ids: torch.Tensor, insert: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,8 +158,9 @@ class HaloBuffer:
         is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
         if self.index is not None:
             self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
-        slots = torch.where(is_halo, self.slot_of.index_select(0, pos), -1)
-        return is_halo, pos, slots
+        slots = self.slot_of.numpy().take(pos.numpy())
+        slots[~is_halo.numpy()] = -1
+        return is_halo, pos, torch.from_numpy(slots)
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies rows out, on the buffer's device: the caller's tensor never aliases the buffer
@@ -159,10 +168,14 @@ class HaloBuffer:
         return self.feats.index_select(0, slots.to(self.feats.device))
 
     def gather_into(self, out: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
-        """out[rows] = the buffered rows of `slots`, through a scratch tensor kept between
-        minibatches (no fresh allocation, no page faults each minibatch). The scratch never
+        """out[rows] = the buffered rows of `slots`: on the CPU as one numpy copy of whole rows;
+        elsewhere through a scratch tensor kept between minibatches (no fresh allocation, no
+        page faults each minibatch). The scratch never
         leaves this call, so reusing it is safe while earlier outputs are still being trained on;
         the thread that runs steps is the only caller."""
+        if _byte_rows(out, self.feats):  # both CPU, row-contiguous, same dtype: one numpy row copy
+            _rows(out)[rows.cpu().numpy()] = _rows(self.feats).take(slots.cpu().numpy())  # (2-3x index_select+index_copy_)
+            return
         n = slots.numel()
         if self._scratch is None or self._scratch.shape[0] < n or self._scratch.dtype != self.feats.dtype:
             self._scratch = self.feats.new_empty((n + n // 4, self.feats.shape[1]))
@@ -180,6 +193,9 @@ class HaloBuffer:
 
     def _write(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
         """Rows into slots; rows pulled on the CPU cross to the device here (newcomers only)."""
+        if _byte_rows(self.feats, feats):  # CPU, same dtype: one numpy copy of whole rows
+            _rows(self.feats)[slots.cpu().numpy()] = _rows(feats)
+            return
         self.feats.index_copy_(0, slots.to(self.feats.device), feats.to(self.feats.device, self.feats.dtype))
 
     # ---- bookkeeping ----------------------------------------------------------------------
@@ -189,11 +205,13 @@ class HaloBuffer:
         not buffered gets +1 miss (not on replacement minibatches: the reference skips them).
         hit_slots: distinct slots hit; missed_pos: halo positions of the non-buffered halo
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
-        self.score.mul_(self.decay)
+        score = self.score.numpy()  # numpy on the tensors' memory: the same arithmetic, less dispatch
+        score *= self.decay
         if hit_slots.numel():
-            self.score.scatter_(0, hit_slots, self.score.index_select(0, hit_slots) / self.decay)
+            hs = hit_slots.numpy()
+            score[hs] = score[hs] / self.decay
         if count_misses and missed_pos.numel():
-            self.miss_count.index_add_(0, missed_pos, torch.ones(missed_pos.numel(), dtype=torch.float64))
+            self.miss_count.numpy()[missed_pos.numpy()] += 1.0
 
     def stale_slots(self) -> torch.Tensor:
         """Filled slots whose score fell below (1-alpha)^period, lowest score first; then empties."""
@@ -223,7 +241,7 @@ class HaloBuffer:
         hit = self._memo(ids)
         if hit is None:
             is_halo, pos = self.halo_positions(ids)
-            hit = (ids, is_halo, pos, pos.masked_select(is_halo))
+            hit = (ids, is_halo, pos, torch.from_numpy(pos.numpy()[is_halo.numpy()]))
             self._pos_memo[self._memo_key(ids)] = hit
             while len(self._pos_memo) > 16:
                 self._pos_memo.pop(next(iter(self._pos_memo)))
@@ -247,7 +265,7 @@ class HaloBuffer:
         return int((~hit).sum())
 
     def stale_count(self) -> int:
-        return int(((self.slot_pos >= 0) & (self.score < self.threshold)).sum())
+        return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < self.threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
     def plan_massivegnn(self, max_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,56 +322,68 @@ class HaloBuffer:
         H = self.halo.numel()
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
+        # The round runs in numpy on views of the buffer's tensors (shared memory): the same
+        # values as torch ops, with less dispatch per op. The two rankings stay torch.topk on the
+        # same keys, so the same victims and newcomers, ties included.
         INF = len(future) + 1
         if self.incremental_next_use:  # kept up to date as the window slides (rudder.prefetch.nextuse)
             if self._next_use is None:
                 self._next_use = WindowNextUse(H)
             nu = self._next_use
             nu.sync(future, self._future_positions)
-            next_use_of, freq_of = nu.next_use, nu.frequency
+            next_use_of, freq_of = nu.next_use_np, nu.freq_np
         else:
             nu = None
-            next_use, freq = next_use_scratch([self._future_positions(f) for f in future], H)
-            next_use_of, freq_of = (lambda p: next_use.index_select(0, p)), (lambda p: freq.index_select(0, p))
+            next_use, freq = (t.numpy() for t in next_use_scratch([self._future_positions(f) for f in future], H))
+            next_use_of, freq_of = next_use.take, freq.take
+        slot_of = self.slot_of.numpy()
         has_free = free_pos is not None and free_pos.numel() > 0
         if admit == "misses":  # candidates: the free nodes (sorted, as a scan of the halo gives them)
             if not has_free:
                 return _EMPTY, _EMPTY
-            cand_next = next_use_of(free_pos)
-            keep = (self.slot_of.index_select(0, free_pos) < 0) & (cand_next < INF)
-            cand, cand_next = free_pos.masked_select(keep), cand_next.masked_select(keep)
-            # distinct and ascending (ties below go by this order): numpy's unique, several times
-            # faster than torch's on the CPU; kept before sorting, so fewer to sort
-            cand, first = np.unique(cand.numpy(), return_index=True)
-            cand = torch.from_numpy(cand)
-            cand_next = cand_next.index_select(0, torch.from_numpy(first))
-            cand_free = None  # all free
-        else:
-            used = nu.used() if nu is not None else next_use < INF
-            cand = torch.nonzero((self.slot_of < 0) & used).flatten()
+            fp = free_pos.numpy()
+            keep = slot_of[fp] < 0
+            keep &= next_use_of(fp) < INF
+            # distinct and ascending (ties below go by this order); a minibatch's positions are
+            # distinct, so a sort is a unique unless the caller repeats one
+            cand = np.sort(fp[keep])
+            if cand.size > 1:
+                new = cand[1:] != cand[:-1]
+                if not new.all():
+                    cand = cand[np.concatenate(([True], new))]
             cand_next = next_use_of(cand)
-            free = torch.zeros(H, dtype=torch.bool)  # a mask, not isin: that sorts
+            not_free = 0  # all free
+        else:
+            used = nu.freq != 0 if nu is not None else next_use < INF
+            cand = np.flatnonzero((slot_of < 0) & used)
+            cand_next = next_use_of(cand)
+            free = np.zeros(H, dtype=bool)  # a mask, not isin: that sorts
             if has_free:
-                free.index_fill_(0, free_pos, True)
-            cand_free = free.index_select(0, cand)
-        n = min(cand.numel(), self.capacity, max_rows if max_rows is not None else 1 << 62)
+                free[free_pos.numpy()] = True
+            not_free = (~free[cand]).astype(np.int64)
+        n = min(cand.size, self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
+            return _EMPTY, _EMPTY
+        slot_pos = self.slot_pos.numpy()
+        filled = slot_pos >= 0
+        # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
+        # lowest score
+        vnext = np.where(filled, next_use_of(np.maximum(slot_pos, 0)), INF + 1)
+        if int(cand_next.min()) >= int(vnext.max()):
+            # no newcomer is used sooner than any slot's node: the prefix below is empty
             return _EMPTY, _EMPTY
         # one integer key: next use ascending, then free first, then frequency descending
         F = len(future) + 1
-        not_free = 0 if cand_free is None else (~cand_free).long()
         ckey = (cand_next * 2 + not_free) * (F + 1) + (F - freq_of(cand))
-        top = torch.topk(ckey, n, largest=False, sorted=True).indices
-        cand, cand_next = cand.index_select(0, top), cand_next.index_select(0, top)
-        filled = self.slot_pos >= 0
-        # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
-        # lowest score
-        vnext = torch.where(filled, next_use_of(self.slot_pos.clamp(min=0)), INF + 1)
-        vkey = vnext.double() * 1e12 - self.score
-        victims = torch.topk(vkey, n, largest=True, sorted=True).indices
-        ok = cand_next < vnext.index_select(0, victims)
+        top = torch.topk(torch.from_numpy(ckey), n, largest=False, sorted=True).indices.numpy()
+        cand, cand_next = cand[top], cand_next[top]
+        vkey = vnext.astype(np.float64)
+        vkey *= 1e12
+        vkey -= self.score.numpy()
+        victims = torch.topk(torch.from_numpy(vkey), n, largest=True, sorted=True).indices
+        ok = cand_next < vnext[victims.numpy()]
         k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
-        return victims[:k], self._newcomers(cand[:k])
+        return victims[:k], self._newcomers(torch.from_numpy(cand[:k]))
 
     # ---- mutation -------------------------------------------------------------------------
     def fill(self, ids: torch.Tensor, feats: torch.Tensor | None = None) -> None:
@@ -382,22 +412,26 @@ class HaloBuffer:
         if new_pos is None:
             _, new_pos = (self.halo_positions(new_ids) if self.index is None
                           else self._remote_positions(new_ids, insert=False))
-        # (slots, old and new positions are each duplicate-free: scatter_ is index_put here)
-        old_pos = self.slot_pos.index_select(0, slots)
+        # (slots, old and new positions are each duplicate-free: a fancy assignment is a scatter
+        # here); numpy on the tensors' memory, as in the lookup
+        sl, npos = slots.numpy(), new_pos.numpy()
+        slot_pos, slot_of = self.slot_pos.numpy(), self.slot_of.numpy()
+        score, miss_count = self.score.numpy(), self.miss_count.numpy()
+        old_pos = slot_pos[sl]
         had = old_pos >= 0
-        old, evicted = old_pos.masked_select(had), slots.masked_select(had)
-        self.miss_count.scatter_(0, old, self.score.index_select(0, evicted))
-        self.slot_of.index_fill_(0, old, -1)
-        self.score.scatter_(0, slots, self.miss_count.index_select(0, new_pos))
-        self.slot_pos.scatter_(0, slots, new_pos)
-        self.slot_of.scatter_(0, new_pos, slots)
+        old = old_pos[had]
+        miss_count[old] = score[sl[had]]
+        slot_of[old] = -1
+        score[sl] = miss_count[npos]
+        slot_pos[sl] = npos
+        slot_of[npos] = sl
         if self.store_features and feats is not None:
             self._write(slots, feats)
 
     # ---- inspection -----------------------------------------------------------------------
     @property
     def size(self) -> int:
-        return int((self.slot_pos >= 0).sum())
+        return int(np.count_nonzero(self.slot_pos.numpy() >= 0))
 
     def contents(self) -> torch.Tensor:
         return self.halo[self.slot_pos[self.slot_pos >= 0]]
@@ -420,6 +454,21 @@ class HaloBuffer:
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+def _byte_rows(*ts: torch.Tensor) -> bool:
+    """Whether these 2-D tensors can be moved row by row as numpy byte items: all on the CPU,
+    contiguous, of one dtype, with non-empty rows."""
+    t0 = ts[0]
+    return all(t.device.type == "cpu" and t.dim() == 2 and t.is_contiguous() and t.dtype == t0.dtype
+               and t.shape[1] == t0.shape[1] and t.shape[1] > 0 for t in ts)
+
+
+def _rows(t: torch.Tensor) -> np.ndarray:
+    """A contiguous 2-D CPU tensor as a 1-D numpy array of one opaque item per row (its bytes; any
+    dtype, bfloat16 too): fancy indexing then copies whole rows, bit for bit."""
+    raw = t.view(torch.uint8).numpy()
+    return raw.view(np.dtype((np.void, raw.shape[1]))).reshape(t.shape[0])
 
 
 def choose_initial(

@@ -25,24 +25,49 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import torch
 
 # No bound on the window (it was the 62 bits of a per-node ring): a whole epoch scheduled ahead
-# is one window.
-NONE = 1 << 62  # `first` / `link` of a node no (later) window minibatch uses
+# is one window, up to 2^31 - 2 minibatches in all and 2^31 - 2 accesses in the window (int32).
+NONE = (1 << 31) - 1  # `first` / `link` of a node no (later) window minibatch uses
+_FIRST, _FREQ, _LAST = 0, 1, 2  # columns of a node's 16-byte row (the fourth is padding)
+_ROW = np.dtype(np.complex128)  # a 16-byte item: numpy gathers and scatters whole rows as one
 
 
 class WindowNextUse:
+    """A node's first use, frequency and newest link index share one 16-byte row (int32 each),
+    so a minibatch entering or leaving gathers its nodes' rows once, updates them in a compact
+    copy and scatters them back once: two random passes over the halo-sized state instead of one
+    per field and operation (numpy moves a 16-byte item as fast as an 8-byte one). The arrays
+    are numpy; `next_use`, `frequency` and `used` also answer torch tensors."""
+
     def __init__(self, num_halo: int):
-        self.freq = torch.zeros(num_halo, dtype=torch.int64)
-        self.first = torch.full((num_halo,), NONE, dtype=torch.int64)  # number of the first use
-        self.last = torch.full((num_halo,), -1, dtype=torch.int64)  # index in link of the newest use
-        self.link = torch.empty(1024, dtype=torch.int64)
+        self.state = np.zeros((num_halo, 4), dtype=np.int32)
+        self.state[:, _FIRST] = NONE
+        self.state[:, _LAST] = -1
+        self.link = np.empty(1024, dtype=np.int32)
+        self._iota = np.arange(1024, dtype=np.int32)  # link indices, sliced (no arange per minibatch)
         self.n = 0  # entries of link in use (those of window minibatches; the front's start at its lo)
-        # (ids, positions, number a, lo: its first index in link); holding `ids` keeps its
+        # (ids, positions, number a, lo: its first index in link, key); holding `ids` keeps its
         # storage (and so its key) alive
         self.window: collections.deque = collections.deque()
         self.count = 0  # the next minibatch number
+
+    @property
+    def _rows(self) -> np.ndarray:
+        """`state` as one 16-byte item per node (the same memory; made on use, so a deep copy
+        of this object, whose arrays are copied one by one, never splits the two)."""
+        return self.state.view(_ROW).reshape(self.state.shape[0])
+
+    @property
+    def freq(self) -> np.ndarray:
+        """How many window minibatches use each node (a strided view)."""
+        return self.state[:, _FREQ]
+
+    @property
+    def first(self) -> np.ndarray:
+        return self.state[:, _FIRST]
 
     @staticmethod
     def key(ids: torch.Tensor) -> tuple:
@@ -54,7 +79,7 @@ class WindowNextUse:
         """Makes the window `future` (in order); `positions(ids)` gives a minibatch's halo
         positions. Keeps the part that continues, drops the front, adds the back."""
         keys = [self.key(f) for f in future]
-        held = [self.key(w[0]) for w in self.window]
+        held = [w[4] for w in self.window]
         drop = len(held)  # the held minibatches before future[0] leave
         if keys:
             for i in range(len(held)):
@@ -63,80 +88,108 @@ class WindowNextUse:
                     break
         kept = len(held) - drop
         if held[drop:] != keys[:kept]:  # not a continuation: start again
-            self.freq.zero_()
-            self.first.fill_(NONE)
-            self.last.fill_(-1)
+            self.state[:, _FIRST] = NONE
+            self.state[:, _FREQ] = 0
+            self.state[:, _LAST] = -1
             self.window.clear()
             self.n = 0
             drop = kept = 0
         for _ in range(drop):
             self._leave()
-        for ids in future[kept:]:
-            self._enter(ids, positions(ids))
+        for ids, key in zip(future[kept:], keys[kept:]):
+            self._enter(ids, positions(ids), key)
 
-    def _enter(self, ids: torch.Tensor, pos: torch.Tensor) -> None:
-        a, m = self.count, pos.numel()
+    def _gather(self, pos: np.ndarray) -> np.ndarray:
+        return self._rows.take(pos).view(np.int32).reshape(pos.size, 4)
+
+    def _enter(self, ids: torch.Tensor, pos: torch.Tensor, key: tuple) -> None:
+        pos = _np(pos)
+        a, m = self.count, pos.size
+        if a >= NONE:
+            raise OverflowError("more than 2^31 - 2 minibatches through one window index")
         self.count += 1
         self._room(m)
         lo = self.n
-        idx = torch.arange(lo, lo + m)
         self.link[lo:lo + m] = NONE
-        prev = self.last.gather(0, pos)
-        has = prev >= 0
-        self.link.index_fill_(0, prev.masked_select(has), a)  # a: the next use after the newest one
-        self.last.scatter_(0, pos, idx)
-        self.freq.scatter_add_(0, pos, torch.ones_like(pos))
-        self.first.scatter_(0, pos, self.first.gather(0, pos).clamp_(max=a))  # a: the newest
-        self.window.append((ids, pos, a, lo))
+        every = self._rows
+        rows = every.take(pos).view(np.int32).reshape(m, 4)
+        prev = rows[:, _LAST]
+        self.link[prev[prev >= 0]] = a  # a: the next use after the newest one
+        rows[:, _LAST] = self._iota[lo:lo + m]
+        rows[:, _FREQ] += 1  # positions are distinct within a minibatch
+        np.minimum(rows[:, _FIRST], a, out=rows[:, _FIRST])  # a: the newest
+        every[pos] = rows.view(_ROW).reshape(m)
+        self.window.append((ids, pos, a, lo, key))
         self.n = lo + m
 
     def _leave(self) -> None:
         """The front minibatch leaves: its nodes' first use moves to their link."""
-        _, pos, _, lo = self.window.popleft()
-        m = pos.numel()
-        self.first.scatter_(0, pos, self.link[lo:lo + m])
-        self.freq.scatter_add_(0, pos, torch.full_like(pos, -1))
-        newest = self.last.gather(0, pos)  # nodes whose newest use was this one have none left
-        self.last.scatter_(0, pos, newest.masked_fill_(newest == torch.arange(lo, lo + m), -1))
+        _, pos, _, lo, _ = self.window.popleft()
+        m = pos.size
+        every = self._rows
+        rows = every.take(pos).view(np.int32).reshape(m, 4)
+        rows[:, _FIRST] = self.link[lo:lo + m]
+        rows[:, _FREQ] -= 1
+        newest = rows[:, _LAST]  # nodes whose newest use was this one have none left
+        newest[newest == self._iota[lo:lo + m]] = -1
+        every[pos] = rows.view(_ROW).reshape(m)
         if not self.window:
             self.n = 0
 
     def _room(self, m: int) -> None:
         """Room for m more entries in link: first drop those of minibatches that left (shifting
         the `last` indices), then grow to twice what is live (O(H), amortised over many steps)."""
-        if self.n + m <= self.link.numel():
+        if self.n + m <= self.link.size:
             return
         lo = self.window[0][3] if self.window else self.n
         if lo:
-            self.link[:self.n - lo] = self.link[lo:self.n].clone()
-            self.last.sub_(lo).clamp_(min=-1)  # live indices are >= lo; the rest were -1
-            self.window = collections.deque((i, p, a, s - lo) for i, p, a, s in self.window)
+            self.link[:self.n - lo] = self.link[lo:self.n].copy()
+            last = self.state[:, _LAST]
+            np.maximum(last - lo, -1, out=last)  # live indices are >= lo; the rest were -1
+            self.window = collections.deque((i, p, a, s - lo, k) for i, p, a, s, k in self.window)
             self.n -= lo
-        if 2 * (self.n + m) > self.link.numel():  # keep half free: compactions stay rare
-            grown = torch.empty(max(2 * self.link.numel(), 2 * (self.n + m)), dtype=torch.int64)
+        if 2 * (self.n + m) > self.link.size:  # keep half free: compactions stay rare
+            size = max(2 * self.link.size, 2 * (self.n + m))
+            if self.n + m >= NONE:
+                raise OverflowError("more than 2^31 - 2 accesses in one lookahead window")
+            size = min(size, NONE)
+            grown = np.empty(size, dtype=np.int32)
             grown[:self.n] = self.link[:self.n]
             self.link = grown
+            self._iota = np.arange(grown.size, dtype=np.int32)
 
     def holds(self, future: list[torch.Tensor]) -> bool:
         """Whether the window is `future` (synced to it, nothing left since)."""
         return len(future) == len(self.window) and all(
-            self.key(f) == self.key(w[0]) for f, w in zip(future, self.window))
+            self.key(f) == w[4] for f, w in zip(future, self.window))
 
     def used(self, pos: torch.Tensor | None = None) -> torch.Tensor:
         """Whether the window uses each node (of `pos`, or all)."""
-        return (self.freq if pos is None else self.freq.gather(0, pos)) != 0
+        return torch.from_numpy((self.freq if pos is None else self.freq[_np(pos)]) != 0)
 
-    def next_use(self, pos: torch.Tensor) -> torch.Tensor:
+    def next_use_np(self, pos: np.ndarray) -> np.ndarray:
         """1 + the index in the window of the first minibatch using each node; len(window)+1
-        where none does."""
+        where none does (numpy in, int64 numpy out)."""
         never = len(self.window) + 1
         if not self.window:
-            return torch.full_like(pos, never)
-        front = self.window[0][2]
-        return (self.first.gather(0, pos) - (front - 1)).clamp_(max=never)
+            return np.full(pos.shape, never, dtype=np.int64)
+        nu = self._gather(pos)[:, _FIRST].astype(np.int64)
+        nu -= self.window[0][2] - 1
+        return np.minimum(nu, never, out=nu)
+
+    def freq_np(self, pos: np.ndarray) -> np.ndarray:
+        return self._gather(pos)[:, _FREQ].astype(np.int64)
+
+    def next_use(self, pos: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.next_use_np(_np(pos)))
 
     def frequency(self, pos: torch.Tensor) -> torch.Tensor:
-        return self.freq.gather(0, pos)
+        return torch.from_numpy(self.freq_np(_np(pos)))
+
+
+def _np(t) -> np.ndarray:
+    """A tensor's numpy view (shared memory), an array as it is."""
+    return t.numpy() if isinstance(t, torch.Tensor) else t
 
 
 def next_use_scratch(positions: list[torch.Tensor], num_halo: int) -> tuple[torch.Tensor, torch.Tensor]:
