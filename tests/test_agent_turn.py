@@ -116,6 +116,45 @@ def test_node_turn_is_exclusive_and_gives_up_when_the_run_ends(tmp_path):
     b.release()
 
 
+def test_node_turn_goes_to_the_trainer_that_waited_longest(tmp_path):
+    """First come, first served: a trainer that just asked queues behind those already waiting
+    (with 4 trainers on a node and 3-4 answers a run, a random pick left some without any)."""
+    path = tmp_path / "n.turn"
+    holder = NodeTurn(path)
+    assert holder.acquire()
+    order, stop = [], threading.Event()
+
+    def wait(name):
+        t = NodeTurn(path)
+        if t.acquire(stop):
+            order.append(name)
+            time.sleep(0.05)
+            t.release()
+
+    threads = []
+    for name in ("b", "c", "d"):
+        threads.append(threading.Thread(target=wait, args=(name,)))
+        threads[-1].start()
+        time.sleep(0.1)  # b queues first, then c, then d
+    holder.release()
+    assert holder.acquire(stop)  # queues behind b, c, d: gets the turn after them
+    order.append("a")
+    holder.release()
+    for t in threads:
+        t.join(5)
+    assert order == ["b", "c", "d", "a"]
+
+
+def test_node_turn_skips_the_entry_of_a_trainer_that_died(tmp_path):
+    path = tmp_path / "n.turn"
+    (tmp_path / "n.turn.q").mkdir()
+    (tmp_path / "n.turn.q" / f"{1:020d}-{2**22 + 12345}-1").touch()  # older, its pid gone
+    t = NodeTurn(path)
+    assert t.acquire(threading.Event())
+    t.release()
+    assert list((tmp_path / "n.turn.q").iterdir()) == []
+
+
 def test_trainers_of_a_node_ask_one_at_a_time_each_with_its_newest_window(tmp_path, monkeypatch):
     """Two trainers (ranks) share one server through the node's turn file: never two questions
     in flight, both get answers (neither starves), and each question is about the newest

@@ -59,38 +59,79 @@ log = logging.getLogger(__name__)
 INBOX_SIZE = 2  # windows waiting for the agent; older ones are dropped when it falls behind
 TURN_ENV = "RUDDER_AGENT_TURN"  # the node's turn file: the trainers sharing one server ask in turn
 TURN_POLL_S = 0.02  # how often a trainer waiting for its turn looks again
-TURN_GAP_S = 0.1  # a trainer that just asked lets a waiting one go first (> TURN_POLL_S)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 class NodeTurn:
     """One question at a time on a node's shared model server, across the trainers (processes)
-    of the node: an exclusive flock on the node's turn file ($RUDDER_AGENT_TURN, set by the
-    study's per-node service). A trainer's agent thread takes the turn before it builds its
-    question, so it asks with its newest window when the server is free; without it the
+    of the node, first come first served: an exclusive flock on the node's turn file
+    ($RUDDER_AGENT_TURN, set by the study's per-node service), taken in the order the trainers
+    asked for it (each waiter's entry in `<turn file>.q/`, named by the time it came; entries
+    of dead processes are removed). A trainer's agent thread takes the turn before it builds
+    its question, so it asks with its newest window when the server is free; without it the
     question, built at once, queued inside the server behind the other trainers' and was
     answered about a window 30-40 minibatches old (BENCHMARKS.md section 6). Waiting for the
     turn never blocks training (the agent thread waits) and ends when the run ends."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
+        self.queue = self.path + ".q"
         self._fd: int | None = None
+
+    def _first(self, mine: str) -> bool:
+        """Whether `mine` is the oldest entry of a live waiter (dead ones are removed)."""
+        for name in sorted(os.listdir(self.queue)):
+            if name == mine:
+                return True
+            try:
+                pid = int(name.split("-")[1])
+            except (IndexError, ValueError):
+                pid = 0
+            if pid and _pid_alive(pid):
+                return False
+            try:
+                os.unlink(os.path.join(self.queue, name))  # left by a trainer that died
+            except FileNotFoundError:
+                pass
+        return True
 
     def acquire(self, stop: threading.Event | None = None, poll_s: float = TURN_POLL_S) -> bool:
         import fcntl
 
+        os.makedirs(self.queue, exist_ok=True)
+        mine = f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}"
+        entry = os.path.join(self.queue, mine)
+        open(entry, "w").close()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        while stop is None or not stop.is_set():
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._fd = fd
-                return True
-            except BlockingIOError:
+        try:
+            while stop is None or not stop.is_set():
+                if self._first(mine):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        self._fd = fd
+                        return True
+                    except BlockingIOError:
+                        pass
                 if stop is not None:
                     stop.wait(poll_s)
                 else:
                     time.sleep(poll_s)
-        os.close(fd)
-        return False
+            os.close(fd)
+            return False
+        finally:
+            try:
+                os.unlink(entry)
+            except FileNotFoundError:
+                pass
 
     def release(self) -> None:
         import fcntl
@@ -99,6 +140,8 @@ class NodeTurn:
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+
 CLOSE_WAIT_S = 1.0  # close() waits this long for the agent thread, never a model's timeout
 HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentConfig.history)
 
@@ -322,8 +365,7 @@ class LLMDecider(Decider):
                 self._ask(point)
             finally:
                 if turn is not None:
-                    turn.release()
-                    self._stop.wait(TURN_GAP_S)  # a trainer waiting for its turn takes it now
+                    turn.release()  # a trainer that waited longer goes first (NodeTurn)
 
     def _newest(self, point: DecisionPoint | None) -> DecisionPoint | None:
         """The newest window waiting (None: close() asked the thread to end): the windows that
