@@ -8,7 +8,10 @@ with it.
   plan(step)              <--outbox---------- Decision (agent#n)
 
 - observe() puts every closed window without blocking; when the inbox is full the oldest window
-  is dropped (only the newest state matters to a late agent).
+  is dropped (only the newest state matters to a late agent), and when the agent thread is free
+  it asks about the newest window waiting (the older ones are recorded as dropped). Trainers
+  that share a node's model server (the study's per-node service, $RUDDER_AGENT_TURN) ask it in
+  turn, first come first served (NodeTurn), each building its question when its turn comes.
 - plan() only polls the outbox: it never waits for the model. The newest arrived decision is
   applied at that step (older ones that arrived together are recorded as superseded, never
   applied); staleness = applied global step - last step of the window it judged.
