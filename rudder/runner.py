@@ -151,6 +151,8 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
             if node_service:  # the host, as each emulated machine reaches it: its bridge
                 host = net.bridge_address if net is not None else "127.0.0.1"
                 env = {"RUDDER_AGENT_URL": f"http://{host}:{node_service['port']}"}
+                if node_service.get("turn_file"):  # its trainers ask in turn (NodeTurn)
+                    env["RUDDER_AGENT_TURN"] = node_service["turn_file"]
             res = cluster.run(Path(info.part_config).resolve(), trainer, service_argv=service,
                               env=env)
         ok, reason = res.ok, res.reason

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rudder.agent.policy import wait_http
-from rudder.agent.service import ensure_node_service, spare_cpus, stop_node_services
+from rudder.agent.service import NODE_N_BATCH, ensure_node_service, spare_cpus, stop_node_services
 from rudder.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,6 +93,11 @@ def test_started_once_reused_then_stopped(tmp_path):
         # the model server (the node service's child) and each of its threads run on that core only
         server = _children(first["pid"])
         assert len(server) == 1, server
+        # it keeps each trainer's state (prompt cache, small batch) for the trainers' turns
+        cmd = open(f"/proc/{server[0]}/cmdline", "rb").read().split(b"\0")
+        assert cmd[cmd.index(b"--cache") + 1] == b"true"
+        assert cmd[cmd.index(b"--n_batch") + 1] == str(NODE_N_BATCH).encode()
+        assert first["turn_file"] == str(tmp_path / f"{first['node']}.turn")
         tasks = [int(t) for t in os.listdir(f"/proc/{server[0]}/task")]
         assert len(tasks) > 1  # llama.cpp's and uvicorn's threads, started after the pinning
         assert {t: os.sched_getaffinity(t) for t in tasks} == {t: {core} for t in tasks}
@@ -122,3 +127,28 @@ def test_started_once_reused_then_stopped(tmp_path):
         time.sleep(0.2)
     assert not listen_inodes(first["port"]), "the model server outlived its node service"
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_node_service_is_started_with_a_prompt_cache_and_a_turn_file(tmp_path, monkeypatch):
+    """The study's node server keeps each trainer's state (--cache-mb), and its record names
+    the turn file its trainers ask in turn on (RUDDER_AGENT_TURN)."""
+    import subprocess
+
+    from rudder.agent import service
+
+    seen = {}
+
+    class FakePopen:
+        pid = 4242
+
+        def __init__(self, argv, **kw):
+            seen["argv"] = argv
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(service, "_alive", lambda pid: False)
+    rec = ensure_node_service(tmp_path, "smollm2-135m", threads=1)
+    argv = seen["argv"]
+    assert argv[argv.index("--cache-mb") + 1] == str(service.NODE_CACHE_MB)
+    assert rec["turn_file"] == str(tmp_path / f"{rec['node']}.turn")
+    argv = (ensure_node_service(tmp_path / "b", "smollm2-135m", cache_mb=0), seen["argv"])[1]
+    assert "--cache-mb" not in argv

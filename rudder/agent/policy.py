@@ -8,7 +8,10 @@ with it.
   plan(step)              <--outbox---------- Decision (agent#n)
 
 - observe() puts every closed window without blocking; when the inbox is full the oldest window
-  is dropped (only the newest state matters to a late agent).
+  is dropped (only the newest state matters to a late agent), and when the agent thread is free
+  it asks about the newest window waiting (the older ones are recorded as dropped). Trainers
+  that share a node's model server (the study's per-node service, $RUDDER_AGENT_TURN) ask it in
+  turn, first come first served (NodeTurn), each building its question when its turn comes.
 - plan() only polls the outbox: it never waits for the model. The newest arrived decision is
   applied at that step (older ones that arrived together are recorded as superseded, never
   applied); staleness = applied global step - last step of the window it judged.
@@ -57,6 +60,91 @@ from rudder.records import DecisionRecord
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 2  # windows waiting for the agent; older ones are dropped when it falls behind
+TURN_ENV = "RUDDER_AGENT_TURN"  # the node's turn file: the trainers sharing one server ask in turn
+TURN_POLL_S = 0.02  # how often a trainer waiting for its turn looks again
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class NodeTurn:
+    """One question at a time on a node's shared model server, across the trainers (processes)
+    of the node, first come first served: an exclusive flock on the node's turn file
+    ($RUDDER_AGENT_TURN, set by the study's per-node service), taken in the order the trainers
+    asked for it (each waiter's entry in `<turn file>.q/`, named by the time it came; entries
+    of dead processes are removed). A trainer's agent thread takes the turn before it builds
+    its question, so it asks with its newest window when the server is free; without it the
+    question, built at once, queued inside the server behind the other trainers' and was
+    answered about a window 30-40 minibatches old (BENCHMARKS.md section 6). Waiting for the
+    turn never blocks training (the agent thread waits) and ends when the run ends."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        self.queue = self.path + ".q"
+        self._fd: int | None = None
+
+    def _first(self, mine: str) -> bool:
+        """Whether `mine` is the oldest entry of a live waiter (dead ones are removed)."""
+        for name in sorted(os.listdir(self.queue)):
+            if name == mine:
+                return True
+            try:
+                pid = int(name.split("-")[1])
+            except (IndexError, ValueError):
+                pid = 0
+            if pid and _pid_alive(pid):
+                return False
+            try:
+                os.unlink(os.path.join(self.queue, name))  # left by a trainer that died
+            except FileNotFoundError:
+                pass
+        return True
+
+    def acquire(self, stop: threading.Event | None = None, poll_s: float = TURN_POLL_S) -> bool:
+        import fcntl
+
+        os.makedirs(self.queue, exist_ok=True)
+        mine = f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}"
+        entry = os.path.join(self.queue, mine)
+        open(entry, "w").close()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            while stop is None or not stop.is_set():
+                if self._first(mine):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        self._fd = fd
+                        return True
+                    except BlockingIOError:
+                        pass
+                if stop is not None:
+                    stop.wait(poll_s)
+                else:
+                    time.sleep(poll_s)
+            os.close(fd)
+            return False
+        finally:
+            try:
+                os.unlink(entry)
+            except FileNotFoundError:
+                pass
+
+    def release(self) -> None:
+        import fcntl
+
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
 CLOSE_WAIT_S = 1.0  # close() waits this long for the agent thread, never a model's timeout
 HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentConfig.history)
 
@@ -263,6 +351,7 @@ class LLMDecider(Decider):
             if dt > 0.05:
                 log.info("agent service at %s answered after %.1f s", self._url, dt)
         self._ready.set()
+        turn = NodeTurn(os.environ[TURN_ENV]) if os.environ.get(TURN_ENV) else None
         while not self._stop.is_set():
             try:
                 point = self._inbox.get(timeout=0.2)
@@ -270,23 +359,54 @@ class LLMDecider(Decider):
                 continue
             if point is None:
                 break
-            self._n += 1
+            if turn is not None and not turn.acquire(self._stop):
+                break  # the run ended while the other trainers' questions held the server
             try:
-                prompt = self.builder.build(point.raw, self.history(), point.recent)
-                if self._maker is None:
-                    d = Decision(reason=f"fallback: model load failed: {self._load_error}"[:2000],
-                                 fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name,
-                                 backend=self.agent_cfg.backend, prompt_hash=prompt.hash)
-                else:
-                    d = self._maker.decide(prompt, cancel=self._stop)
-            except Exception as exc:  # never let the agent thread die silently
-                log.exception("agent decision failed")
-                d = Decision(reason=f"fallback: error: {type(exc).__name__}: {exc}"[:2000],
-                             fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name)
-            d.decision = self._n
-            d.window = point.raw.get("window")
-            d.decided_step = self.steer.last_step
-            self._outbox.put((d, point))
+                point = self._newest(point)
+                if point is None:
+                    break
+                self._ask(point)
+            finally:
+                if turn is not None:
+                    turn.release()  # a trainer that waited longer goes first (NodeTurn)
+
+    def _newest(self, point: DecisionPoint | None) -> DecisionPoint | None:
+        """The newest window waiting (None: close() asked the thread to end): the windows that
+        closed while this trainer's previous question (or the other trainers', see NodeTurn)
+        held the model are recorded as dropped, never asked: an answer about an outdated window
+        would be applied many minibatches after it (staleness)."""
+        while True:
+            try:
+                newer = self._inbox.get_nowait()
+            except queue.Empty:
+                return point
+            if newer is None:
+                return None
+            self.dropped_windows += 1
+            self.steer.finish(self._record(Decision(
+                decision=0, window=point.raw.get("window"), model=self.agent_cfg.model.name,
+                backend=self.agent_cfg.backend, fallback=self.agent_cfg.fallback,
+                reason="dropped: a newer window closed before the agent asked")))
+            point = newer
+
+    def _ask(self, point: DecisionPoint) -> None:
+        self._n += 1
+        try:
+            prompt = self.builder.build(point.raw, self.history(), point.recent)
+            if self._maker is None:
+                d = Decision(reason=f"fallback: model load failed: {self._load_error}"[:2000],
+                             fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name,
+                             backend=self.agent_cfg.backend, prompt_hash=prompt.hash)
+            else:
+                d = self._maker.decide(prompt, cancel=self._stop)
+        except Exception as exc:  # never let the agent thread die silently
+            log.exception("agent decision failed")
+            d = Decision(reason=f"fallback: error: {type(exc).__name__}: {exc}"[:2000],
+                         fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name)
+        d.decision = self._n
+        d.window = point.raw.get("window")
+        d.decided_step = self.steer.last_step
+        self._outbox.put((d, point))
 
 
 class AgentPolicy(Steering):

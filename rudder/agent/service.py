@@ -41,6 +41,12 @@ from typing import Iterable
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8431
+# The per-node service of a study: its trainers take turns, so it keeps each one's state
+# (llama_cpp.server --cache; the size counts KV state only, ~12 kB a token for Qwen2.5-0.5B,
+# ~30 MB a state) with a small batch (each kept state also copies n_batch x n_vocab float
+# scores: 78 MB at 128 for Qwen's 151,936-token vocabulary, 311 MB at the default 512).
+NODE_CACHE_MB = 256
+NODE_N_BATCH = 128
 N_CTX = 4096  # as the inproc backend (decision.N_CTX)
 
 
@@ -66,7 +72,9 @@ class AgentService:
                  threads: int = 1, n_ctx: int = N_CTX, chat_format: str | None = None,
                  ready_timeout_s: float = 60.0, log_path: str | Path | None = None,
                  model_alias: str | None = None, all_interfaces: bool = False,
-                 cpus: list[int] | None = None, logits_all: bool = False):
+                 cpus: list[int] | None = None, logits_all: bool = False,
+                 cache_mb: int = 0, n_batch: int | None = None,
+                 threads_batch: int | None = None):
         if host in ("0.0.0.0", "::", "") and not all_interfaces:
             raise ValueError("AgentService binds to one address (the node's or loopback), not all"
                              " (all_interfaces=True: the per-node service of a local study)")
@@ -75,6 +83,14 @@ class AgentService:
         # agent never asks for): projecting each one onto the vocabulary (151k for Qwen) and
         # copying it into numpy made the warm-up 158 s instead of 54 s (BENCHMARKS §5)
         self.logits_all = logits_all
+        # cache_mb > 0: llama_cpp.server's RAM prompt-state cache (--cache): after each answer
+        # the server keeps its state, and a question that shares more of its prefix with a kept
+        # state than with what the KV cache holds now (the other trainer's question) resumes
+        # from that state instead of reading it again. n_batch: the server's batch (its state
+        # copies carry n_batch x n_vocab floats of scores besides the KV cache).
+        self.cache_mb = cache_mb
+        self.n_batch = n_batch
+        self.threads_batch = threads_batch or threads  # threads that read a prompt
         self.model_path = str(model_path)
         self.host = host
         self._auto_port = not port  # chosen here: another may take it before the server binds
@@ -96,8 +112,12 @@ class AgentService:
     def argv(self) -> list[str]:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path,
                "--host", self.host, "--port", str(self.port), "--n_threads", str(self.threads),
-               "--n_threads_batch", str(self.threads), "--n_ctx", str(self.n_ctx),
+               "--n_threads_batch", str(self.threads_batch), "--n_ctx", str(self.n_ctx),
                "--logits_all", "true" if self.logits_all else "false"]
+        if self.cache_mb > 0:
+            cmd += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(self.cache_mb << 20)]
+        if self.n_batch:
+            cmd += ["--n_batch", str(self.n_batch), "--n_ubatch", str(self.n_batch)]
         if self.chat_format:
             cmd += ["--chat_format", self.chat_format]
         if self.model_alias:
@@ -228,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
                     "emulated machines reach it at their bridge address)")
     ap.add_argument("--cpus", default=None, help="pin the model's threads to these cores, "
                     "e.g. 6,7 (default: not pinned)")
+    ap.add_argument("--cache-mb", type=int, default=0, help="keep each trainer's state after "
+                    "its answer (llama_cpp.server's RAM prompt cache, this many MB of KV "
+                    "state): trainers taking turns on the server resume from their own "
+                    "(default 0: none)")
+    ap.add_argument("--n-batch", type=int, default=None, help="the server's batch (default "
+                    f"{NODE_N_BATCH} with --cache-mb, else llama_cpp.server's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rudder.agent.models import resolve
@@ -238,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     svc = AgentService(path, host=host, port=args.port, threads=args.threads,
                        chat_format=args.chat_format, ready_timeout_s=args.ready_timeout,
                        log_path=args.log, model_alias=args.model,
-                       all_interfaces=args.all_interfaces, cpus=cpus)
+                       all_interfaces=args.all_interfaces, cpus=cpus, cache_mb=args.cache_mb,
+                       n_batch=args.n_batch or (NODE_N_BATCH if args.cache_mb else None))
     done = threading.Event()
 
     def on_signal(*_) -> None:
@@ -315,10 +342,13 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 def ensure_node_service(state_dir: str | Path, model: str, model_path: str | None = None,
                         threads: int = 1, prompt: str = "default", trainers: int = 1,
-                        ready_timeout_s: float = 600.0, cpus: list[int] | None = None) -> dict:
+                        ready_timeout_s: float = 600.0, cpus: list[int] | None = None,
+                        cache_mb: int = NODE_CACHE_MB) -> dict:
     """The study's agent service on this node: started by the first caller (detached, its own
     session, so it outlives the run that started it), found running by the next ones. Returns
-    its record {pid, port, model, ready_file, started_at, cpus}. Does not wait for the model:
+    its record {pid, port, model, ready_file, started_at, cpus, turn_file}; the trainers
+    take turns on turn_file (rudder.agent.policy.NodeTurn: each asks with its newest window
+    when the server is free). Does not wait for the model:
     trainers wait for it to answer (agent.ready_timeout_s). `cpus`: the cores its threads are
     pinned to (default: `spare_cpus`, none on a node without cores to spare)."""
     import fcntl
@@ -343,7 +373,8 @@ def ensure_node_service(state_dir: str | Path, model: str, model_path: str | Non
                 *(["--path", model_path] if model_path else []), "--all-interfaces",
                 "--port", str(port), "--threads", str(threads), "--prompt", prompt,
                 "--ready-timeout", str(ready_timeout_s),
-                *(["--cpus", ",".join(map(str, cpus))] if cpus else [])]
+                *(["--cpus", ",".join(map(str, cpus))] if cpus else []),
+                *(["--cache-mb", str(cache_mb)] if cache_mb else [])]
         env = {**os.environ, "RUDDER_READY_FILE": str(ready)}
         for k in ("RUDDER_MACHINE_ADDR", "RUDDER_SERVICE_ID"):
             env.pop(k, None)
@@ -352,7 +383,8 @@ def ensure_node_service(state_dir: str | Path, model: str, model_path: str | Non
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         rec = {"pid": proc.pid, "port": port, "model": model, "node": node,
                "ready_file": str(ready), "started_at": time.time(), "cpus": cpus,
-               "log": str(state_dir / f"{node}.log"), "reused": False}
+               "log": str(state_dir / f"{node}.log"), "reused": False,
+               "turn_file": str(state_dir / f"{node}.turn")}  # NodeTurn: one question at a time
         state.write_text(json.dumps(rec))
         log.info("agent node service for %s starting on port %d (pid %d)%s", model, port,
                  proc.pid, f", pinned to cores {cpus}" if cpus else "")
