@@ -2,7 +2,7 @@
 
   python benchmarks/bench_baselines.py [--scenarios stationary ... bandwidth_schedule]
          [--ring-nodes 200000] [--agents qwen2.5-coder-0.5b smollm2-135m] [--agent-windows 4]
-         [--classifier] [--trace-dir data/traces/baselines] [--json OUT]
+         [--prompts judge judge-history] [--classifier] [--trace-dir data/traces/baselines] [--json OUT]
 
 Per scenario (configs/scenarios/*.yaml; partition 0's trace sampled from the config as `rudder
 tracegen` does, via bench_scenarios.make_trace; stationary_nolookahead replays stationary's trace):
