@@ -2,7 +2,7 @@
 
   python benchmarks/bench_baselines.py [--scenarios stationary ... bandwidth_schedule]
          [--ring-nodes 200000] [--agents qwen2.5-coder-0.5b smollm2-135m] [--agent-windows 4]
-         [--classifier] [--trace-dir data/traces/baselines] [--json OUT]
+         [--prompts judge judge-history] [--classifier] [--trace-dir data/traces/baselines] [--json OUT]
 
 Per scenario (configs/scenarios/*.yaml; partition 0's trace sampled from the config as `rudder
 tracegen` does, via bench_scenarios.make_trace; stationary_nolookahead replays stationary's trace):
@@ -204,12 +204,15 @@ def run_scenario(name, cfg, trace, a, agents: dict) -> dict:
         prefix = {best: rows[best], **{r: replay(head, r, pc, model) for r in rules}}
         if D == 0:
             prefix.update({f"{r}+probe": replay(head, r, pc, model, extra={"probe": True}) for r in rules})
+        print(f"# {name} ({n} minibatches): " + ", ".join(f"{k} {v['fetched_rows']:,}" for k, v in prefix.items()),
+              flush=True)
         for label, extra in agents.items():
             t1 = time.time()
             wait = extra["agent"].timeout_s + 5.0
             r = replay(head, "agent", pc, model, extra=extra, src=src, wait=wait)
             r["note"] = f"{r.get('note', '')}; {time.time() - t1:.0f} s"
             prefix[f"agent {label}"] = r
+            print(f"# {name}: agent {label}: {r['fetched_rows']:,} rows, {r.get('note', '')}", flush=True)
         out["prefix"] = {"minibatches": n, "rows": prefix, "best": best}
     return out
 
@@ -225,6 +228,9 @@ def main() -> None:
     p.add_argument("--agents", nargs="*", default=[], help="LLM models (rudder.agent.models names)")
     p.add_argument("--agent-windows", type=int, default=4, help="windows of the trace the agents replay")
     p.add_argument("--agent-timeout-s", type=float, default=120.0)
+    p.add_argument("--prompts", nargs="*", default=[],
+                   help="prompt variants each agent replays with (default: the scenario's agent.prompt), "
+                        "side by side, e.g. judge judge-history")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     import torch
@@ -248,9 +254,12 @@ def main() -> None:
         tname = SAME_TRACE.get(name, name)
         tcfg = load_run_config(ROOT / "configs" / "scenarios" / f"{tname}.yaml")
         trace = Trace.load(make_trace(tname, tcfg, a.trace_dir, a.ring_nodes, a.ring_epochs))
-        for extra in agents.values():  # the scenario's prompt (bandwidth_schedule: judge)
-            extra["agent"] = extra["agent"].model_copy(update={"prompt": cfg.agent.prompt})
-        results[name] = run_scenario(name, cfg, trace, a, agents)
+        runs = {}  # the scenario's prompt (bandwidth_schedule: judge), or each of --prompts
+        for m, extra in agents.items():
+            for pr in a.prompts or [cfg.agent.prompt]:
+                label = f"{m} {pr}" if a.prompts else m
+                runs[label] = {**extra, "agent": extra["agent"].model_copy(update={"prompt": pr})}
+        results[name] = run_scenario(name, cfg, trace, a, runs)
         print(f"# {name}: done ({results[name]['seconds']} s; {time.time() - t_start:.0f} s in all)", flush=True)
     for extra in agents.values():
         extra["decision_maker"].shutdown()

@@ -47,19 +47,16 @@ class ScriptedMaker:
 
 def scripted_run(trace_path: Path, runs: Path, answers, keep_budget: str, prefetch: dict,
                  horizon: int = 2) -> tuple[list[dict], int]:
-    """(judged decision records, rows fetched) of the agent policy answering `answers` then keep."""
-    from rudder.agent.hindsight import judge_run
-    from rudder.sim.simulate import load_source, rank_source, simulate, write_sim_run
+    """(judged decision records, rows fetched) of the agent policy answering `answers` then keep:
+    hindsight.collect_run with this maker, at the scenario's prefetch settings (not the trace's)."""
+    from rudder.agent.hindsight import collect_run
+    from rudder.records import read_jsonl
 
-    traces, source = load_source(trace_path)
-    cfg = json.loads(json.dumps(source.get("config") or {}))
-    cfg.setdefault("prefetch", {}).update(prefetch, policy="agent")  # the scenario's, not the trace's
-    source["config"] = cfg
-    res = simulate(traces[0], "agent", rank=0, source=rank_source(source, 0),
-                   extra={"decision_maker": ScriptedMaker(answers, keep_budget)})
-    rows = int(res.summary()["fetched_rows"])
-    run = write_sim_run(runs, [res], source, run_id=f"oracle-{len(answers)}-{keep_budget}", study="cf-oracle")
-    recs = judge_run(run, horizon=horizon)[0]
+    run = collect_run(trace_path, runs, window=None, prefetch=prefetch, study="cf-oracle", horizon=horizon,
+                      maker=lambda rank: ScriptedMaker(answers, keep_budget),
+                      run_id=f"oracle-{len(answers)}-{keep_budget}")
+    recs = read_jsonl(run / "decisions-r0.jsonl")
+    rows = int(sum(e["fetched_rows"] for e in read_jsonl(run / "epochs-r0.jsonl")))
     shutil.rmtree(run)
     return recs, rows
 

@@ -221,7 +221,7 @@ class MinibatchPipeline:
                                           t_sample_wait=t_sample_wait, t_plan=t_plan,
                                           t_assemble=max(t_asm, 0.0))
             record = rec.to_dict()
-            window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future))
+            window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future, roll=True))
             t_obs = time.perf_counter()
             self.policy.observe(record, window)
             t_pol += time.perf_counter() - t_obs

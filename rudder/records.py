@@ -227,6 +227,11 @@ class WindowRecord:
     stale_slots: int = 0
     lookahead_missing: int = 0
     lookahead_rows: int = 0
+    # the window's missed halo nodes as a set, against the window before's (HaloBuffer.roll_misses):
+    # distinct nodes missed, of them missed in the window before too, and the two sets' union
+    missed_nodes: int = 0
+    missed_again: int = 0
+    missed_union: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

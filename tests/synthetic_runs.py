@@ -152,6 +152,7 @@ def _window(n: int, recs: list[dict]) -> dict:
         "t_minibatch": sum(r["t_sample"] + r["t_compute"] + r["t_stall"] for r in recs)
         / len(recs),
         "buffer_fill": 5000, "stale_slots": 100, "lookahead_missing": 0, "lookahead_rows": 0,
+        "missed_nodes": 0, "missed_again": 0, "missed_union": 0,
     }
     assert list(out) == WINDOW_FIELDS
     return out

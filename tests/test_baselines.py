@@ -136,3 +136,27 @@ def test_counterfactual_greedy_ceiling_on_a_tiny_trace(tmp_path):
         assert rep == (best > 0) and (not rep or judged[budget] == best)
     recs, rows = oracle.scripted_run(t, tmp_path / "runs", out["answers"], "small", pf)
     assert rows == out["fetched_rows"] and [r["replace"] for r in recs[:len(out["answers"])]] == [a[0] for a in out["answers"]]
+
+
+def test_collect_run_with_a_maker_replays_its_answers(tmp_path):
+    """collect_run's maker/run_id (what bench_cf_oracle's scripted runs use): the run answers as
+    the maker does, under the given name, judged over the given horizon; window None keeps the
+    prefetch settings' own."""
+    import json
+
+    import bench_cf_oracle as oracle
+
+    from rudder.agent.hindsight import collect_run
+
+    t = tmp_path / "t" / "trace-r0.npz"
+    t.parent.mkdir()
+    tiny_trace(steps=30).save(t)
+    answers = [(True, "large"), (False, "small"), (True, "small")]
+    run = collect_run(t, tmp_path / "runs", window=None, prefetch={"window": 3, "lookahead": 0, "period": 3},
+                      maker=lambda rank: oracle.ScriptedMaker(answers, "small"), run_id="scripted", horizon=1)
+    assert run.name == "scripted"
+    assert json.loads((run / "run.json").read_text())["config"]["prefetch"]["window"] == 3
+    recs = [json.loads(x) for x in (run / "decisions-r0.jsonl").read_text().splitlines()]
+    assert [(r["replace"], r["budget"]) for r in recs[:3]] == [(True, "large"), (False, "small"), (True, "small")]
+    assert not any(r["replace"] for r in recs[3:])  # keep once the list runs out
+    assert any(r.get("cf_replace_share") is not None for r in recs)

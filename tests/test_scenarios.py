@@ -124,7 +124,7 @@ def test_scenario_configs_load():
     assert cfgs["ring_cluster"].train.order == "cluster"
     # history only from a cold (random) fill: the scenario whose counterfactual labels mix (7f)
     cold = cfgs["history_cold"]
-    assert (cold.prefetch.lookahead, cold.prefetch.init, cold.agent.prompt) == (0, "random", "judge")
+    assert (cold.prefetch.lookahead, cold.prefetch.init, cold.agent.prompt) == (0, "random", "judge-history")
     assert resolve_spec(cfgs["ring_cluster"].dataset.name).structure == "ring"
 
 

@@ -108,14 +108,17 @@ def test_replays_are_unchanged(policy):
 # for issue 16 (the run's facts stated once, run-wide facts before the trainer's, the canned
 # examples kept beside the run's own); before: 3f0f4b8c... and ea4a131e... The judge pin re-taken
 # again at the merge with h18 (its fetched-rows trend, remote rows' drift and round cost).
+# `judge-history` (h18b: history-only canned examples, the misses' set drift) pinned apart when
+# it was added; the seven earlier variants' pins untouched.
 PINNED_PROMPTS = [
     (("zero-shot", "reason-first", "few-shot", "default", "free-reason", "signals"), 336,
      "0db09515992a01b8a2156198a0a48ffb2959ae74ffd5776c38f7ac4bdb126395"),
     (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
+    (("judge-history",), 56, "d8a2469cb8519526a32ad8dedb7af8ee087583af3ef7dd72302f0c98c870e72f"),
 ]
 
 
-@pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS, ids=["six", "judge"])
+@pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS, ids=["six", "judge", "judge-history"])
 def test_prompts_are_byte_identical(variants, count, pinned):
     """Every labelled window's prompt under every variant, digested: a change to any prompt
     (text, schema or design hash) changes this digest. Re-pin only for an intended change."""

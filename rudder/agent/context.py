@@ -31,6 +31,13 @@ Prompt variants (scored by `rudder agent eval`):
                 also the fetched-rows trend (% per window), the remote rows' drift (the stream
                 moving where nothing is sampled ahead) and, lookahead off, what a round costs
                 (its rows in minibatches' worth of fetched rows).
+  judge-history the judge variant for runs without lookahead (history-only rounds, MassiveGNN's
+                mechanism): its own system text (no lookahead signals) and canned examples
+                taken from a history-only example run (JUDGE_HISTORY_CANNED: windows of a
+                held-out trainer, answered as the counterfactual judge found right), plus the
+                misses' set-level drift (the Jaccard overlap of this window's missed halo nodes
+                with the window before's). `judge`'s canned windows all have lookahead on, and
+                in history-only runs the models copied their words (BENCHMARKS 7f).
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -80,6 +87,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("free-reason", reason_first=True, examples="history"),
         Variant("signals", reason_first=True, examples="history", signals=True),
         Variant("judge", reason_first=True, examples="canned", max_examples=3),
+        Variant("judge-history", reason_first=True, examples="canned", max_examples=4),
     ]
 }
 
@@ -220,7 +228,7 @@ CANNED: list[dict[str, Any]] = [
 
 
 # ---- the judge variant (issue 18): signals, not a verdict --------------------------------------
-JUDGE_VARIANTS = {"judge"}
+JUDGE_VARIANTS = {"judge", "judge-history"}
 TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many windows (current included)
 
 JUDGE_SYSTEM = f"""\
@@ -280,6 +288,85 @@ JUDGE_CANNED: list[dict[str, Any]] = [
 ]
 
 
+JUDGE_HISTORY_SYSTEM = f"""\
+You steer the remote-feature buffer of one trainer in distributed GNN training.
+Each minibatch pulls the features of its remote input nodes over the network unless the buffer holds them. Nothing is sampled ahead: only the past is known.
+Signals of a window of minibatches:
+- hit rate: remote input rows served by the buffer / all remote input rows, and its trend in points per window
+- fetched rows: rows pulled over the network per minibatch = misses + rows a round pulls, and their trend in % per window
+- remote input rows per minibatch and their change since the window before
+- missed nodes: distinct halo nodes missed in the window, the share of them also missed in the window before, and the overlap (Jaccard) of the two windows' missed sets: high = the same nodes keep missing, low = the stream moved
+- round cost: the extra rows one round may pull per budget, in minibatches' worth of fetched rows
+- stale slots: buffer slots not hit for a long time (a round can only replace these), share of capacity
+- link (where measured): seconds a minibatch's pull took vs its compute; slack = compute - fetch
+Action (holds until your next decision, one per window):
+- replace: one round now: stale slots get the most-missed nodes, pulled as extra rows. It pays when those nodes are hit again before they go stale.
+- keep: no round.
+- budget: most slots the round may change: {budget_text()} of capacity.
+- admit: only for lookahead rounds; here answer "misses".
+Predict the next window: hit rate and fetched rows up, down or flat.
+Answer with one JSON object; "remote_rows" in it means fetched rows:"""
+
+# The run the history-only examples come from: a held-out trainer (partition 1 of synth-small's
+# 2, seed 1; the scenarios replay partition 0) of history_cold_small's settings -- lookahead 0,
+# random initial fill, period 10, window 5 -- replayed under a coin decider (medium budget)
+# and judged by the counterfactual (`rudder agent judge`, horizon 2 windows): the answers are
+# the judge's. Made by (2026-12-04, h18b): tracegen of configs/scenarios/history_cold_small.yaml
+# with part=1, seed=1, then hindsight.collect_run seeds 0-2 (BENCHMARKS 7f).
+HISTORY_CONTEXT = dict(rank=1, num_trainers=2, part_id=1, num_parts=2, num_nodes=20_000,
+                       partition_nodes=9_803, halo_nodes=5_680, capacity=1_420, batch_size=500,
+                       fanouts=[10, 25], steps_per_epoch=10, epochs=10, feat_dim=32, feat_bytes=128,
+                       window=5, lookahead=0)
+
+
+def _mb(hit_rate: float, remote_rows: int, fetched_rows: int) -> dict:
+    return {"hit_rate": hit_rate, "minibatches": 5, "remote_rows": remote_rows, "fetched_rows": fetched_rows}
+
+
+# Four windows, two answers each (not alternating), the reasons naming the signals they rest
+# on: a round paid (+4.4% and +2.7% of the next two windows' rows saved) where half or more of the
+# slots were stale and the hit rate had not risen with rounds; it cost (-0.6%, -0.05%) once
+# rounds had lifted the hit rate and few slots were stale.
+JUDGE_HISTORY_CANNED: list[dict[str, Any]] = [
+    {   # coin seed 1, window 3: replace saved 4.4%
+        "window": {"window": 3, "first_step": 15, "last_step": 19, "minibatches": 5, "hit_rate": 0.2199,
+                   "remote_rows": 17792, "fetched_rows": 13879, "replaced_rows": 0, "stale_slots": 709,
+                   "buffer_fill": 1420, "missed_nodes": 3860, "missed_again": 3599, "missed_union": 4259},
+        "recent": [_mb(0.1998, 18257, 14610), _mb(0.2020, 17954, 14328), _mb(0.2177, 18279, 14307)],
+        "answer": {"reason": "hit rate low at 22%, 50% of slots stale, same nodes missing: replace",
+                   "replace": True, "budget": "medium", "admit": "misses",
+                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
+    },
+    {   # coin seed 2, window 12 (after rounds at windows 10 and 11): replace cost 0.6%
+        "window": {"window": 12, "first_step": 60, "last_step": 64, "minibatches": 5, "hit_rate": 0.3102,
+                   "remote_rows": 18544, "fetched_rows": 12879, "replaced_rows": 88, "stale_slots": 332,
+                   "buffer_fill": 1420, "missed_nodes": 3996, "missed_again": 3386, "missed_union": 4633},
+        "recent": [_mb(0.2700, 17754, 12960), _mb(0.2683, 18309, 13396), _mb(0.2951, 17898, 12676)],
+        "answer": {"reason": "hit rate up 4 pt after the rounds, only 23% of slots stale: keep",
+                   "replace": False, "budget": "small", "admit": "misses",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
+    {   # coin seed 1, window 14: replace neutral to costly (-0.05%)
+        "window": {"window": 14, "first_step": 70, "last_step": 74, "minibatches": 5, "hit_rate": 0.3092,
+                   "remote_rows": 18218, "fetched_rows": 12614, "replaced_rows": 29, "stale_slots": 5,
+                   "buffer_fill": 1420, "missed_nodes": 3842, "missed_again": 3419, "missed_union": 4190},
+        "recent": [_mb(0.3129, 17898, 12415), _mb(0.3098, 18544, 12799), _mb(0.3192, 17629, 12002)],
+        "answer": {"reason": "hit rate steady near 31%, almost no stale slots: keep",
+                   "replace": False, "budget": "small", "admit": "misses",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
+    {   # coin seed 2, window 10 (no round for seven windows): replace saved 2.7%
+        "window": {"window": 10, "first_step": 50, "last_step": 54, "minibatches": 5, "hit_rate": 0.2683,
+                   "remote_rows": 18309, "fetched_rows": 13396, "replaced_rows": 0, "stale_slots": 869,
+                   "buffer_fill": 1420, "missed_nodes": 3848, "missed_again": 3514, "missed_union": 4137},
+        "recent": [_mb(0.2704, 18039, 13162), _mb(0.2671, 18484, 13546), _mb(0.2700, 17754, 12960)],
+        "answer": {"reason": "hit rate flat at 27%, 61% of slots stale, same nodes missing: replace",
+                   "replace": True, "budget": "medium", "admit": "misses",
+                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
+    },
+]
+
+
 def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int = 0,
                    lookahead: bool = True) -> dict[str, Any]:
     """The judge variant's signals of window `w` (recent: earlier windows, oldest first, as dicts
@@ -302,7 +389,12 @@ def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int =
                      shows as more or fewer remote rows before any hit rate moves)
       round_rows     {budget word: the rows one round may pull}, and round_mb: the same in
                      minibatches' worth of this window's fetched rows -- what a round costs where
-                     its rows are extra network rows (lookahead off); None with lookahead on."""
+                     its rows are extra network rows (lookahead off); None with lookahead on
+      missed_nodes, miss_again_share, miss_overlap
+                     the misses' node sets (HaloBuffer.roll_misses): distinct halo nodes missed in
+                     the window, the share of them missed in the window before too, and the
+                     Jaccard overlap of the two windows' missed sets (None without a window
+                     before, or where the window record does not carry them)."""
     cap = max(1, capacity)
     recent = list(recent)
     rates = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
@@ -342,12 +434,17 @@ def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int =
         round_rows = {b: budget_rows(b, capacity) for b in BUDGET_SHARE}
         if fetched_mb:
             round_mb = {b: r / fetched_mb for b, r in round_rows.items()}
+    missed, again, union = (w.get(k) for k in ("missed_nodes", "missed_again", "missed_union"))
+    miss_again = miss_overlap = None
+    if last and missed and union:  # a window before, and sets recorded (0 union: none missed)
+        miss_again, miss_overlap = again / missed, again / union
     return {"hit_rate": hr, "hit_rates": series if hr is not None else [], "trend_windows": len(series),
             "hit_trend_pt": trend, "stale_share": None if stale is None else stale / cap,
             "fetch_s": fetch_s, "compute_s": compute_s, "slack_s": slack_s, "slack_share": slack_share,
             "missing_share": missing_share, "drift_pt": drift,
             "fetched_mb": fetched_mb, "rows_trend_pct": rows_trend, "remote_mb": remote_mb,
-            "remote_drift_pct": remote_drift, "round_rows": round_rows, "round_mb": round_mb}
+            "remote_drift_pct": remote_drift, "round_rows": round_rows, "round_mb": round_mb,
+            "missed_nodes": missed or None, "miss_again_share": miss_again, "miss_overlap": miss_overlap}
 
 
 def _slope(ys: list[float]) -> float:
@@ -412,15 +509,19 @@ class ContextBuilder:
 
     def _init_judge(self) -> None:
         self.judge = True
+        self.history_only = self.variant.name == "judge-history"
         self.schema = answer_schema(True, False, admission=True)
         self.start_schema = self.schema
         self.answer_text = JUDGE_ANSWER
-        self.system = JUDGE_SYSTEM + "\n" + self.answer_text
-        design = {"variant": asdict(self.variant), "system": JUDGE_SYSTEM, "run": RUN_TEMPLATE,
-                  "schema": self.schema, "answer": self.answer_text, "canned": [CANNED_CONTEXT, JUDGE_CANNED]}
+        system, canned = ((JUDGE_HISTORY_SYSTEM, [HISTORY_CONTEXT, JUDGE_HISTORY_CANNED]) if self.history_only
+                          else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
+        self.system = system + "\n" + self.answer_text
+        design = {"variant": asdict(self.variant), "system": system, "run": RUN_TEMPLATE,
+                  "schema": self.schema, "answer": self.answer_text, "canned": canned}
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
 
     judge = False
+    history_only = False  # judge-history: no lookahead lines, the misses' set drift shown
 
     # ---- static context -------------------------------------------------------------------
     def static_text(self) -> str:
@@ -529,6 +630,10 @@ class ContextBuilder:
                 moves.append(f"remote input rows {sig['remote_drift_pct']:+.1f}% since the window before")
             if moves:
                 lines.append("rows: " + "; ".join(moves))
+            if self.history_only and sig["miss_overlap"] is not None:
+                lines.append(f"missed nodes {_num(sig['missed_nodes'])} distinct; "
+                             f"{_pct(sig['miss_again_share'], 0)} of them also missed in the window before; "
+                             f"overlap of the two windows' missed sets {_pct(sig['miss_overlap'], 0)}")
             if sig["round_rows"] is not None:
                 rr, mb = sig["round_rows"], sig["round_mb"]
                 cost = (f"a round pulls up to {' / '.join(f'{k} {_num(v)}' for k, v in rr.items())} extra rows")
@@ -537,7 +642,8 @@ class ContextBuilder:
                              + " minibatches of this window's fetched rows")
                 lines.append(cost)
             if sig["slack_s"] is None:
-                lines.append("link: fetch and compute time not measured")
+                if not self.history_only:  # (judge-history names no link signal)
+                    lines.append("link: fetch and compute time not measured")
             else:
                 state = (f"slack {sig['slack_s']:.2f} s ({_pct(sig['slack_share'], 0)} of compute)"
                          if sig["slack_s"] >= 0 else f"fetch exceeds compute by {-sig['slack_s']:.2f} s")
@@ -644,8 +750,10 @@ class ContextBuilder:
         admitting any), each reason naming the signals it rests on: they show the format and
         the signals' use, not a rule that settles every window."""
         out, prev_ctx = [], None
-        for e in JUDGE_CANNED[: self.variant.max_examples]:
-            cctx = {**CANNED_CONTEXT, **e.get("context", {})}
+        base, canned = ((HISTORY_CONTEXT, JUDGE_HISTORY_CANNED) if self.history_only
+                        else (CANNED_CONTEXT, JUDGE_CANNED))
+        for e in canned[: self.variant.max_examples]:
+            cctx = {**base, **e.get("context", {})}
             cb = ContextBuilder(cctx, self.variant.name, self.history_k)
             head = "Same run.\n" if cctx == prev_ctx else cb.static_text() + "\n"
             prev_ctx = cctx

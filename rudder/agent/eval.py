@@ -196,7 +196,8 @@ def _window(rng: random.Random, ctx: dict, wid: int, hr: float, stale: float, mi
             "hit_rate": round(hr, 3), "remote_rows": remote, "fetched_rows": int(remote * (1 - hr)),
             "replaced_rows": 0, "t_fetch": 0.5, "t_stall": 0.0, "t_minibatch": 0.2, "buffer_fill": cap,
             "stale_slots": int(stale * cap), "lookahead_missing": int(missing * cap),
-            "lookahead_rows": int(min(missing, 0.15) * cap)}
+            "lookahead_rows": int(min(missing, 0.15) * cap),
+            "missed_nodes": 0, "missed_again": 0, "missed_union": 0}  # no missed sets recorded
 
 
 def make_starter_windows(n_each: int = 12, seed: int = 0) -> list[dict]:

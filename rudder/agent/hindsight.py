@@ -35,7 +35,7 @@ import json
 import random
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rudder.agent.judge import KEEP_MARGIN, REPLACE_MARGIN, agrees, hindsight_label  # noqa: F401 (re-exported)
 from rudder.agent.messages import Decision, budget_rows
@@ -68,20 +68,26 @@ class RandomDecisionMaker:
         pass
 
 
-def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5,
+def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int | None = 5,
                 lookahead: int | None = None, p_replace: float = 0.5, budget: str = "medium",
                 seed: int = 0, study: str = "eval-windows", admit: str | None = None,
-                prefetch: dict | None = None) -> Path:
+                prefetch: dict | None = None, maker: Callable[[int], Any] | None = None,
+                run_id: str | None = None, horizon: int = HORIZON) -> Path:
     """Replays the trace under the agent policy with RandomDecisionMaker and writes the run
-    directory (`rudder sim`'s format); returns it. `prefetch`: other prefetch settings of the
-    scenario (e.g. alpha, period: which slots a history-only round counts stale)."""
+    directory (`rudder sim`'s format), every decision judged (horizon windows); returns it.
+    `prefetch`: other prefetch settings of the scenario (e.g. alpha, period: which slots a
+    history-only round counts stale); window None: the prefetch settings' own. `maker(rank)`:
+    another decision maker per rank (e.g. bench_cf_oracle's scripted answers), `run_id`: the
+    run directory's name (default: one naming the collection's settings)."""
     from rudder.sim.simulate import load_source, rank_source, simulate, write_sim_run
 
     traces, source = load_source(trace_path)
     cfg = json.loads(json.dumps(source.get("config") or {}))
     pf = cfg.setdefault("prefetch", {})
     pf.update(prefetch or {})
-    pf.update(policy="agent", window=window)
+    pf.update(policy="agent")
+    if window is not None:
+        pf["window"] = window
     if lookahead is not None:
         pf["lookahead"] = lookahead
     if admit is not None:
@@ -89,14 +95,15 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int = 5
     source["config"] = cfg
     results = []
     for rank, trace in sorted(traces.items()):
-        maker = RandomDecisionMaker(p_replace, budget, seed * 1000 + rank)
+        dm = maker(rank) if maker is not None else RandomDecisionMaker(p_replace, budget, seed * 1000 + rank)
         results.append(simulate(trace, "agent", rank=rank, source=rank_source(source, rank),
-                                extra={"decision_maker": maker}))
-    name = str(source.get("name", "trace")).removesuffix(".npz")
-    la = "" if lookahead is None else f"-la{lookahead}"
-    run_id = f"sim-{name}-agent-random-w{window}{la}{'-' + admit if admit else ''}-s{seed}"
+                                extra={"decision_maker": dm}))
+    if run_id is None:
+        name = str(source.get("name", "trace")).removesuffix(".npz")
+        la = "" if lookahead is None else f"-la{lookahead}"
+        run_id = f"sim-{name}-agent-random-w{window}{la}{'-' + admit if admit else ''}-s{seed}"
     run = write_sim_run(runs_dir, results, source, run_id=run_id, study=study)
-    judge_run(run)  # every decision judged against its counterfactual (correct_cf)
+    judge_run(run, horizon=horizon)  # every decision judged against its counterfactual (correct_cf)
     return run
 
 

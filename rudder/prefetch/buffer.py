@@ -10,6 +10,8 @@ Memory is bounded by the halo size H, never the graph size:
   feats      [C, D] the buffered feature rows, on `device` (the training device)
   score      [C]  eviction score: x(1-alpha) per minibatch, a hit skips that minibatch's decay
   miss_count [H]  times a non-buffered halo node was sampled
+  missed, missed_before [H] bool: halo nodes missed in the open metrics window / the window
+                   before (the set-level drift of the misses: `roll_misses`)
 Everything is array ops over whole minibatches; there is no per-node Python loop. The index
 tensors are CPU tensors; the hot path (lookup, bookkeeping, the lookahead round, `apply`) works
 on their numpy views (`.numpy()`: the same memory), which cost less dispatch per op than torch's
@@ -82,6 +84,8 @@ class HaloBuffer:
         self.slot_pos = torch.full((capacity,), -1, dtype=torch.int64)
         self.score = torch.zeros(capacity, dtype=torch.float64)
         self.miss_count = torch.zeros(H, dtype=torch.float64)
+        self.missed = torch.zeros(H, dtype=torch.bool)
+        self.missed_before = torch.zeros(H, dtype=torch.bool)
         self.feats = torch.empty((capacity, feat_dim) if store_features else (0, 0), dtype=dtype,
                                  device=device)
         self.store_features = store_features
@@ -132,6 +136,8 @@ class HaloBuffer:
             pos, evicted = self.index.insert(ids, self.miss_count, self._pinned)
             if evicted.numel():
                 self.miss_count.index_fill_(0, evicted, 0.0)
+                self.missed.index_fill_(0, evicted, False)  # the position's next id is another node
+                self.missed_before.index_fill_(0, evicted, False)
         else:
             pos = self.index.lookup(ids)[1]
         known = pos >= 0
@@ -212,6 +218,20 @@ class HaloBuffer:
             score[hs] = score[hs] / self.decay
         if count_misses and missed_pos.numel():
             self.miss_count.numpy()[missed_pos.numpy()] += 1.0
+        if missed_pos.numel():  # pulled on every minibatch, a round's or not
+            self.missed.numpy()[missed_pos.numpy()] = True
+
+    def roll_misses(self) -> dict:
+        """Closes the metrics window's set of missed halo nodes against the window before's and
+        opens the next: missed_nodes = |A| (distinct nodes missed in this window), missed_again =
+        |A & B| (also missed in the window before), missed_union = |A | B|. The Jaccard overlap
+        missed_again / missed_union says how much the misses' node set moved (0: all new nodes,
+        1: the same nodes). O(H) elementwise, once per window."""
+        now, before = self.missed, self.missed_before
+        out = {"missed_nodes": int(now.sum()), "missed_again": int((now & before).sum()),
+               "missed_union": int((now | before).sum())}
+        self.missed_before, self.missed = now, before.zero_()
+        return out
 
     def stale_slots(self) -> torch.Tensor:
         """Filled slots whose score fell below (1-alpha)^period, lowest score first; then empties."""

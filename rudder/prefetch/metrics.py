@@ -52,14 +52,20 @@ class MetricsCollector:
         return w.to_dict()
 
 
-def buffer_state(buf, future: list[torch.Tensor]) -> dict:
+def buffer_state(buf, future: list[torch.Tensor], roll: bool = False) -> dict:
     """Window fields from the buffer: fill, stale slots, and what the known future lacks
     (`lookahead_missing` halo nodes of the sampled-ahead minibatches not buffered;
     `lookahead_rows`: how many of them one round could admit, at most the capacity; these are
     extra network rows only under admit=any, while an admit=misses round takes them from rows
-    the minibatch pulls anyway and adds none)."""
+    the minibatch pulls anyway and adds none).
+    roll (at a window's close, once per window): also the window's missed node set against the
+    window before's (`HaloBuffer.roll_misses`: missed_nodes, missed_again, missed_union), and
+    the next window's set starts empty."""
     if buf is None:
         return {}
     missing = buf.window_missing(future)
-    return {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
-            "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
+    out = {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
+           "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
+    if roll:
+        out.update(buf.roll_misses())
+    return out

@@ -192,7 +192,7 @@ class BufferReplayer(Replayer):
             stats.t_fetch, stall = self.clock.step(c.misses + c.replaced_rows)
             timing = {"t_compute": self.clock.model.compute_s, "t_stall": stall}
         record = MinibatchRecord.of_step(pt.epochs[g], pt.steps[g], g, stats, **timing).to_dict()
-        window = self.collector.add(record, lambda: buffer_state(buf, ahead))
+        window = self.collector.add(record, lambda: buffer_state(buf, ahead, roll=True))
         pol.observe(record, window)
         if window is not None:
             self.windows.append(window)
