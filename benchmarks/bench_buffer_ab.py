@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import statistics
 import subprocess
 import sys
@@ -83,9 +84,14 @@ def before_in_replay(old_buffer, old_step, old_metrics):
                 return super().halo_positions(ids)
             return ids >= 0, ids.clamp(min=0)
 
+    old_state = old_metrics.buffer_state
+    if "roll" not in inspect.signature(old_state).parameters:  # before the windows' missed sets
+        def old_state(buf, future, roll=False, _f=old_metrics.buffer_state):
+            return _f(buf, future)
+
     names = ("PositionBuffer", "begin_step", "finish_step", "buffer_state")
     saved = [getattr(replay, n) for n in names]
-    for n, f in zip(names, (OldPositionBuffer, old_step.begin_step, old_step.finish_step, old_metrics.buffer_state)):
+    for n, f in zip(names, (OldPositionBuffer, old_step.begin_step, old_step.finish_step, old_state)):
         setattr(replay, n, f)
     try:
         yield
