@@ -82,7 +82,7 @@ class NodeTurn:
     of dead processes are removed). A trainer's agent thread takes the turn before it builds
     its question, so it asks with its newest window when the server is free; without it the
     question, built at once, queued inside the server behind the other trainers' and was
-    answered about a window 30-40 minibatches old (BENCHMARKS.md section 6). Waiting for the
+    answered about a window 39-50 minibatches old (BENCHMARKS.md section 6). Waiting for the
     turn never blocks training (the agent thread waits) and ends when the run ends."""
 
     def __init__(self, path: str | os.PathLike):
