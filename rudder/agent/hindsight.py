@@ -101,7 +101,7 @@ def collect_run(trace_path: str | Path, runs_dir: str | Path, *, window: int | N
     if run_id is None:
         name = str(source.get("name", "trace")).removesuffix(".npz")
         la = "" if lookahead is None else f"-la{lookahead}"
-        run_id = f"sim-{name}-agent-random-w{window}{la}{'-' + admit if admit else ''}-s{seed}"
+        run_id = f"sim-{name}-agent-random-w{pf.get('window')}{la}{'-' + admit if admit else ''}-s{seed}"
     run = write_sim_run(runs_dir, results, source, run_id=run_id, study=study)
     judge_run(run, horizon=horizon)  # every decision judged against its counterfactual (correct_cf)
     return run
