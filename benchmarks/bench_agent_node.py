@@ -87,15 +87,12 @@ def log_since(path: Path, pos: int) -> tuple[str, int]:
 def parse_setup(text: str) -> dict:
     """'threads=2,logits_all=1,cpus=1' -> AgentService keyword arguments."""
     out = {"threads": 1, "logits_all": False, "cpus": None}
-    ints = {"threads_batch": "threads_batch", "cache_mb": "cache_mb", "n_batch": "n_batch"}
     for item in filter(None, text.split(",")):
         key, _, val = item.partition("=")
-        if key == "threads":
-            out["threads"] = int(val)
+        if key in ("threads", "threads_batch", "cache_mb", "n_batch"):  # AgentService's int keywords
+            out[key] = int(val)
         elif key == "logits_all":
             out["logits_all"] = val.lower() in ("1", "true", "yes")
-        elif key in ints:
-            out[ints[key]] = int(val)
         elif key == "cpus":
             out["cpus"] = [int(c) for c in val.split("+")]
         else:
