@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,12 +75,31 @@ def partition_assignment(g, parts: int, method: str = "metis", seed: int = 0) ->
         return np.zeros(n, dtype=np.int64)
     if method == "random":
         return np.random.default_rng(seed).integers(0, parts, size=n).astype(np.int64)
+    # DGL 2.1's METIS can return another assignment on a later call in the same process (synth-
+    # small into 4 parts: two different ones, alternating), while a fresh process's first call is
+    # always the same; so each partitioning runs in a fresh interpreter, and traces reproduce.
+    with tempfile.TemporaryDirectory(prefix="rudder-metis-") as tmp:
+        src, dst = (x.numpy() for x in g.edges())
+        np.savez(Path(tmp) / "graph.npz", src=src, dst=dst, num_nodes=g.num_nodes())
+        code = "import sys; from rudder.sim.tracegen import _metis_file; _metis_file(*sys.argv[1:])"
+        done = subprocess.run([sys.executable, "-c", code, tmp, str(parts)], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"METIS into {parts} parts failed (exit {done.returncode}): "
+                               f"{done.stderr.strip()[-2000:]}")
+        return np.load(Path(tmp) / "owner.npy")
+
+
+def _metis_file(tmp: str, parts: str) -> None:
+    """The child of partition_assignment: reads graph.npz in `tmp`, writes owner.npy there."""
     import dgl
 
+    arr = np.load(Path(tmp) / "graph.npz")
+    g = dgl.graph((arr["src"], arr["dst"]), num_nodes=int(arr["num_nodes"]))
     # METIS balances edges as partition_graph(balance_edges=True) does; it works on the
     # symmetrised graph (DGL makes it symmetric itself).
-    a = dgl.metis_partition_assignment(g, parts, balance_edges=True, mode="k-way")
-    return a.numpy().astype(np.int64)
+    a = dgl.metis_partition_assignment(g, int(parts), balance_edges=True, mode="k-way")
+    np.save(Path(tmp) / "owner.npy", a.numpy().astype(np.int64))
 
 
 def halo_of(g, owner: np.ndarray, part: int) -> np.ndarray:
@@ -187,7 +209,7 @@ def load_graph(name: str, seed: int | None = None):
 
 def generate_trace(spec: TraceGenSpec, g=None, owner: np.ndarray | None = None) -> tuple[Trace, dict]:
     """(trace, graph facts) for `spec`; `g` overrides the preset (e.g. dgl.rand_graph), `owner`
-    the partitioning (METIS is not deterministic across calls)."""
+    the partitioning (else partition_assignment's: the same on every call)."""
     import dataclasses
 
     spec.validate()
