@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rudder.prefetch import jit
 from rudder.prefetch.nextuse import WindowNextUse, next_use_scratch
 from rudder.prefetch.remote_index import RemoteIndex
 
@@ -168,6 +169,26 @@ class HaloBuffer:
         slots[~is_halo.numpy()] = -1
         return is_halo, pos, torch.from_numpy(slots)
 
+    def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`locate` and the hit/miss split of one minibatch (unique ids): (is_halo, halo position,
+        hit mask, hit slots, miss ids, missed halo positions), the last four in id order."""
+        hit = self._memo(ids)
+        is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
+        if self.index is not None:
+            self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
+        k = jit.kernels()
+        if k is not None:  # one compiled pass instead of ~8 numpy ones (the same selections)
+            parts = k.split(self.slot_of.numpy(), is_halo.numpy(), pos.numpy(), ids.numpy())
+            return (is_halo, pos, *(torch.from_numpy(t) for t in parts))
+        # numpy on the tensors' memory (CPU: the index's side): the same selections, less dispatch
+        sl = self.slot_of.numpy().take(pos.numpy())
+        halo = is_halo.numpy()
+        sl[~halo] = -1
+        hit = sl >= 0
+        miss = ~hit
+        return (is_halo, pos, torch.from_numpy(hit), torch.from_numpy(sl[hit]),
+                torch.from_numpy(ids.numpy()[miss]), torch.from_numpy(pos.numpy()[halo & miss]))
+
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies rows out, on the buffer's device: the caller's tensor never aliases the buffer
         (safe to replace later). `slots` may be on the CPU (the index's side)."""
@@ -211,6 +232,11 @@ class HaloBuffer:
         not buffered gets +1 miss (not on replacement minibatches: the reference skips them).
         hit_slots: distinct slots hit; missed_pos: halo positions of the non-buffered halo
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
+        k = jit.kernels()
+        if k is not None:  # one compiled loop per array (rudder.prefetch.jit): the same arithmetic
+            k.record(self.score.numpy(), self.decay, hit_slots.numpy(), self.miss_count.numpy(),
+                     self.missed.numpy(), missed_pos.numpy(), count_misses)
+            return
         score = self.score.numpy()  # numpy on the tensors' memory: the same arithmetic, less dispatch
         score *= self.decay
         if hit_slots.numel():
@@ -351,6 +377,15 @@ class HaloBuffer:
                 self._next_use = WindowNextUse(H)
             nu = self._next_use
             nu.sync(future, self._future_positions)
+            k = jit.kernels()
+            if k is not None:  # the whole round below as one compiled pass (same keys, same topk)
+                victims, cand = k.round_lookahead(
+                    nu.state, nu.window[0][2], INF, self.slot_of.numpy(), self.slot_pos.numpy(),
+                    self.score.numpy(), free_pos.numpy() if free_pos is not None else _EMPTY.numpy(),
+                    admit == "any", max_rows if max_rows is not None else 1 << 62)
+                if not victims.size:
+                    return _EMPTY, _EMPTY
+                return torch.from_numpy(victims), self._newcomers(torch.from_numpy(cand))
             next_use_of, freq_of = nu.next_use_np, nu.freq_np
         else:
             nu = None

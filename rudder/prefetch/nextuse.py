@@ -28,6 +28,8 @@ import collections
 import numpy as np
 import torch
 
+from rudder.prefetch import jit
+
 # No bound on the window (it was the 62 bits of a per-node ring): a whole epoch scheduled ahead
 # is one window, up to 2^31 - 2 minibatches in all and 2^31 - 2 accesses in the window (int32).
 NONE = (1 << 31) - 1  # `first` / `link` of a node no (later) window minibatch uses
@@ -110,6 +112,16 @@ class WindowNextUse:
         self.count += 1
         self._room(m)
         lo = self.n
+        k = jit.kernels()
+        if k is not None:  # one compiled loop over the positions (the same values)
+            k.nu_enter(self.state, self.link, pos, a, lo)
+        else:
+            self._enter_np(pos, a, lo)
+        self.window.append((ids, pos, a, lo, key))
+        self.n = lo + m
+
+    def _enter_np(self, pos: np.ndarray, a: int, lo: int) -> None:
+        m = pos.size
         self.link[lo:lo + m] = NONE
         every = self._rows
         rows = every.take(pos).view(np.int32).reshape(m, 4)
@@ -119,12 +131,19 @@ class WindowNextUse:
         rows[:, _FREQ] += 1  # positions are distinct within a minibatch
         np.minimum(rows[:, _FIRST], a, out=rows[:, _FIRST])  # a: the newest
         every[pos] = rows.view(_ROW).reshape(m)
-        self.window.append((ids, pos, a, lo, key))
-        self.n = lo + m
 
     def _leave(self) -> None:
         """The front minibatch leaves: its nodes' first use moves to their link."""
         _, pos, _, lo, _ = self.window.popleft()
+        k = jit.kernels()
+        if k is not None:
+            k.nu_leave(self.state, self.link, pos, lo)
+        else:
+            self._leave_np(pos, lo)
+        if not self.window:
+            self.n = 0
+
+    def _leave_np(self, pos: np.ndarray, lo: int) -> None:
         m = pos.size
         every = self._rows
         rows = every.take(pos).view(np.int32).reshape(m, 4)
@@ -133,8 +152,6 @@ class WindowNextUse:
         newest = rows[:, _LAST]  # nodes whose newest use was this one have none left
         newest[newest == self._iota[lo:lo + m]] = -1
         every[pos] = rows.view(_ROW).reshape(m)
-        if not self.window:
-            self.n = 0
 
     def _room(self, m: int) -> None:
         """Room for m more entries in link: first drop those of minibatches that left (shifting
