@@ -152,3 +152,20 @@ def test_window_next_use_paths_agree(monkeypatch):
         views[on] = seen
     for (s1, l1), (s2, l2) in zip(views[True], views[False]):
         assert np.array_equal(s1, s2) and np.array_equal(l1, l2)
+
+
+@pytest.mark.parametrize("policy", ["static", "fixed:10", "lookahead:3:0.05", "lookahead:8:0.1:any", "lookahead"])
+def test_replays_agree(monkeypatch, policy):
+    """A whole replay (rudder.sim) with and without the compiled path: the same counts per
+    minibatch and the same windows (which carry the buffer's fill and stale slots)."""
+    from rudder.sim.simulate import simulate
+    from rudder.sim.tracegen import random_trace
+
+    trace = random_trace(halo=3000, minibatches=30, batch=600, nonhalo=0.15, capacity=0.3, skew=0.8,
+                         epochs=2, seed=5)
+    got = {}
+    for on in (True, False):
+        monkeypatch.setenv("RUDDER_NO_JIT", "0" if on else "1")
+        r = simulate(trace, policy)
+        got[on] = ({k: v.tolist() for k, v in r.counts.items()}, r.windows)
+    assert got[True] == got[False]

@@ -311,6 +311,9 @@ class HaloBuffer:
         return int((~hit).sum())
 
     def stale_count(self) -> int:
+        k = jit.kernels()
+        if k is not None:
+            return int(k.fill_counts(self.slot_pos.numpy(), self.score.numpy(), self.threshold)[1])
         return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < self.threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
@@ -471,6 +474,12 @@ class HaloBuffer:
         # here); numpy on the tensors' memory, as in the lookup
         sl, npos = slots.numpy(), new_pos.numpy()
         slot_pos, slot_of = self.slot_pos.numpy(), self.slot_of.numpy()
+        k = jit.kernels()
+        if k is not None:
+            k.apply(slot_pos, slot_of, self.score.numpy(), self.miss_count.numpy(), sl, npos)
+            if self.store_features and feats is not None:
+                self._write(slots, feats)
+            return
         score, miss_count = self.score.numpy(), self.miss_count.numpy()
         old_pos = slot_pos[sl]
         had = old_pos >= 0
@@ -486,6 +495,9 @@ class HaloBuffer:
     # ---- inspection -----------------------------------------------------------------------
     @property
     def size(self) -> int:
+        k = jit.kernels()
+        if k is not None:
+            return int(k.fill_counts(self.slot_pos.numpy(), self.score.numpy(), 0.0)[0])
         return int(np.count_nonzero(self.slot_pos.numpy() >= 0))
 
     def contents(self) -> torch.Tensor:

@@ -211,17 +211,20 @@ def _nth_element(k, x, first, nth, last):
 @_jit
 def topk_smallest(keys, n):
     """torch.topk(keys, n, largest=False, sorted=True).indices on the CPU, exactly (NaN-free keys)."""
-    size = keys.size
-    k = keys.copy()
-    x = np.arange(size)
-    if n == 0:
-        return x[:0]
-    if n * 64 <= size:
-        _heap_select(k, x, 0, n, size)  # std::partial_sort
-        _sort_heap(k, x, 0, n)
-    else:
-        _nth_element(k, x, 0, n - 1, size)
-        _sort(k, x, 0, n - 1)
+    return _topk_pairs(keys.copy(), np.arange(keys.size), n)
+
+
+@_jit
+def _topk_pairs(k, x, n):
+    """topk_smallest on pairs already made (keys k, indices x: both consumed)."""
+    size = k.size
+    if n > 0:
+        if n * 64 <= size:
+            _heap_select(k, x, 0, n, size)  # std::partial_sort
+            _sort_heap(k, x, 0, n)
+        else:
+            _nth_element(k, x, 0, n - 1, size)
+            _sort(k, x, 0, n - 1)
     return x[:n].copy()
 
 
@@ -229,16 +232,16 @@ def topk_smallest(keys, n):
 
 @_jit
 def nu_enter(state, link, pos, a, lo):
+    # branch-free (whether a node has a use in the window is a coin toss to the predictor): a
+    # node with none writes its link into its own entry, overwritten with NONE right after
     for i in range(pos.size):
         p = pos[i]
         prev = state[p, _LAST]
-        if prev >= 0:
-            link[prev] = a  # a: the next use after the newest one
+        link[prev if prev >= 0 else lo + i] = a  # a: the next use after the newest one
         link[lo + i] = NONE
         state[p, _LAST] = lo + i
         state[p, _FREQ] += 1
-        if state[p, _FIRST] > a:
-            state[p, _FIRST] = a
+        state[p, _FIRST] = min(state[p, _FIRST], a)
 
 
 @_jit
@@ -247,8 +250,8 @@ def nu_leave(state, link, pos, lo):
         p = pos[i]
         state[p, _FIRST] = link[lo + i]
         state[p, _FREQ] -= 1
-        if state[p, _LAST] == lo + i:
-            state[p, _LAST] = -1
+        last = state[p, _LAST]
+        state[p, _LAST] = -1 if last == lo + i else last  # its newest use was this one: none left
 
 
 # ---- a step's bookkeeping (HaloBuffer.record) --------------------------------------------------
@@ -294,11 +297,10 @@ def round_lookahead(state, front, INF, slot_of, slot_pos, score, free_pos, any_n
     else:  # this minibatch's misses the window uses again: distinct, ascending
         got = np.empty(free_pos.size, dtype=np.int64)
         m = 0
-        for i in range(free_pos.size):
+        for i in range(free_pos.size):  # branch-free, as in `split`
             p = free_pos[i]
-            if slot_of[p] < 0 and min(state[p, _FIRST] - off, INF) < INF:
-                got[m] = p
-                m += 1
+            got[m] = p
+            m += (slot_of[p] < 0) & (min(state[p, _FIRST] - off, INF) < INF)
         got = np.sort(got[:m])
         cand = np.empty(m, dtype=np.int64)
         m = 0
@@ -324,21 +326,23 @@ def round_lookahead(state, front, INF, slot_of, slot_pos, score, free_pos, any_n
     C = slot_pos.size
     vnext = np.empty(C, dtype=np.int64)
     nkey = np.empty(C, dtype=np.float64)  # -(vnext * 1e12 - score), exactly: the victims' key negated
+    slots = np.empty(C, dtype=np.int64)  # the ranking's (key, index) pairs, made in the same pass
     hi_v = -1
     for s in range(C):
+        slots[s] = s
         p = slot_pos[s]
-        v = min(np.int64(state[p, _FIRST]) - off, INF) if p >= 0 else INF + 1
+        v = min(np.int64(state[max(p, 0), _FIRST]) - off, INF)
+        v = v if p >= 0 else INF + 1
         vnext[s] = v
         hi_v = max(hi_v, v)
         nkey[s] = score[s] - np.float64(v) * 1e12
     if lo_c >= hi_v:  # no newcomer is used sooner than any slot's node: the prefix is empty
         return cand[:0], cand[:0]
+    victims = _topk_pairs(nkey, slots, n)
     top = topk_smallest(ckey, n)
-    victims = topk_smallest(nkey, n)
     k = 0
     for i in range(n):
-        if cnext[top[i]] < vnext[victims[i]]:
-            k += 1
+        k += cnext[top[i]] < vnext[victims[i]]
     newcomers = np.empty(k, dtype=np.int64)
     for i in range(k):
         newcomers[i] = cand[top[i]]
@@ -349,32 +353,59 @@ def round_lookahead(state, front, INF, slot_of, slot_pos, score, free_pos, any_n
 
 @_jit
 def split(slot_of, is_halo, pos, ids):
-    """(hit mask, hit slots, miss ids, missed halo positions) of one minibatch, in id order."""
+    """(hit mask, hit slots, miss ids, missed halo positions) of one minibatch, in id order. One
+    pass without branches: each element is written to all three outputs and only the count of
+    the one it belongs to advances (a hit is a coin toss to the branch predictor). `pos` is a
+    valid position wherever the halo is not empty (halo_positions' contract)."""
     m = ids.size
     hit = np.empty(m, dtype=np.bool_)
-    slots = np.empty(m, dtype=np.int64)
-    nh = 0
-    for i in range(m):
-        s = slot_of[pos[i]] if is_halo[i] else -1
-        slots[i] = s
-        hit[i] = s >= 0
-        nh += s >= 0
-    hit_slots = np.empty(nh, dtype=np.int64)
-    miss_ids = np.empty(m - nh, dtype=ids.dtype)
-    nm = 0
-    for i in range(m):
-        if not hit[i] and is_halo[i]:
-            nm += 1
-    missed_pos = np.empty(nm, dtype=pos.dtype)
+    hit_slots = np.empty(m, dtype=np.int64)
+    miss_ids = np.empty(m, dtype=ids.dtype)
+    missed_pos = np.empty(m, dtype=pos.dtype)
     a = b = c = 0
+    if slot_of.size == 0:  # no halo: every id a miss, none a halo node
+        miss_ids[:] = ids
+        hit[:] = False
+        return hit, hit_slots[:0], miss_ids, missed_pos[:0]
     for i in range(m):
-        if hit[i]:
-            hit_slots[a] = slots[i]
-            a += 1
-        else:
-            miss_ids[b] = ids[i]
-            b += 1
-            if is_halo[i]:
-                missed_pos[c] = pos[i]
-                c += 1
-    return hit, hit_slots, miss_ids, missed_pos
+        h = is_halo[i]
+        s = slot_of[pos[i]]
+        s = s if h else -1
+        got = s >= 0
+        hit[i] = got
+        hit_slots[a] = s
+        miss_ids[b] = ids[i]
+        missed_pos[c] = pos[i]
+        a += got
+        b += not got
+        c += h and not got
+    return hit, hit_slots[:a], miss_ids[:b], missed_pos[:c]
+
+
+# ---- replacement and counts (HaloBuffer.apply, size, stale_count) -------------------------------
+
+@_jit
+def apply(slot_pos, slot_of, score, miss_count, slots, new_pos):
+    """The score hand-over of HaloBuffer.apply: every evicted node first, then every newcomer."""
+    for i in range(slots.size):
+        s = slots[i]
+        old = slot_pos[s]
+        if old >= 0:
+            miss_count[old] = score[s]
+            slot_of[old] = -1
+    for i in range(slots.size):
+        s, p = slots[i], new_pos[i]
+        score[s] = miss_count[p]
+        slot_pos[s] = p
+        slot_of[p] = s
+
+
+@_jit
+def fill_counts(slot_pos, score, threshold):
+    """(filled slots, filled slots whose score is below `threshold`)."""
+    filled = stale = 0
+    for s in range(slot_pos.size):
+        f = slot_pos[s] >= 0
+        filled += f
+        stale += f & (score[s] < threshold)
+    return filled, stale
