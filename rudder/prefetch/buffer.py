@@ -71,6 +71,7 @@ class HaloBuffer:
             self.halo = self.index.ids  # position -> id (-1: free), updated in place by the index
         H = self.halo.numel()
         self._pos_memo: dict = {}
+        self._np_views: tuple | None = None  # _views()'s cache
         self._next_use: WindowNextUse | None = None  # made by the first lookahead round
         self._planned: tuple | None = None  # (ids, halo positions) of the last plan's newcomers
         self._scratch: torch.Tensor | None = None  # gather_into's rows, reused
@@ -90,6 +91,22 @@ class HaloBuffer:
         self.feats = torch.empty((capacity, feat_dim) if store_features else (0, 0), dtype=dtype,
                                  device=device)
         self.store_features = store_features
+
+    def _views(self) -> tuple[np.ndarray, ...]:
+        """numpy views of slot_of, slot_pos, score, miss_count, missed (the same memory), made once
+        per tensor: `.numpy()` costs 2-6 us a call, ~15 calls a minibatch on the compiled path.
+        Rebuilt when an attribute is another tensor (missed is swapped each window)."""
+        ts = (self.slot_of, self.slot_pos, self.score, self.miss_count, self.missed)
+        got = self._np_views
+        if got is None or any(a is not b for a, b in zip(got[0], ts)):
+            got = self._np_views = (ts, tuple(t.numpy() for t in ts))
+        return got[1]
+
+    def __getstate__(self) -> dict:
+        """A copy (deepcopy: a replay's fork; pickle) makes its own views of its own tensors."""
+        state = self.__dict__.copy()
+        state["_np_views"] = None
+        return state
 
     # ---- lookup ---------------------------------------------------------------------------
     def _build_index(self) -> None:
@@ -178,7 +195,7 @@ class HaloBuffer:
             self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
         k = jit.kernels()
         if k is not None:  # one compiled pass instead of ~8 numpy ones (the same selections)
-            parts = k.split(self.slot_of.numpy(), is_halo.numpy(), pos.numpy(), ids.numpy())
+            parts = k.split(self._views()[0], is_halo.numpy(), pos.numpy(), ids.numpy())
             return (is_halo, pos, *(torch.from_numpy(t) for t in parts))
         # numpy on the tensors' memory (CPU: the index's side): the same selections, less dispatch
         sl = self.slot_of.numpy().take(pos.numpy())
@@ -234,8 +251,8 @@ class HaloBuffer:
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
         k = jit.kernels()
         if k is not None:  # one compiled loop per array (rudder.prefetch.jit): the same arithmetic
-            k.record(self.score.numpy(), self.decay, hit_slots.numpy(), self.miss_count.numpy(),
-                     self.missed.numpy(), missed_pos.numpy(), count_misses)
+            _, _, score, miss_count, missed = self._views()
+            k.record(score, self.decay, hit_slots.numpy(), miss_count, missed, missed_pos.numpy(), count_misses)
             return
         score = self.score.numpy()  # numpy on the tensors' memory: the same arithmetic, less dispatch
         score *= self.decay
@@ -313,7 +330,7 @@ class HaloBuffer:
     def stale_count(self) -> int:
         k = jit.kernels()
         if k is not None:
-            return int(k.fill_counts(self.slot_pos.numpy(), self.score.numpy(), self.threshold)[1])
+            return int(k.fill_counts(self._views()[1], self._views()[2], self.threshold)[1])
         return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < self.threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
@@ -382,9 +399,10 @@ class HaloBuffer:
             nu.sync(future, self._future_positions)
             k = jit.kernels()
             if k is not None:  # the whole round below as one compiled pass (same keys, same topk)
+                slot_of, slot_pos, score, _, _ = self._views()
                 victims, cand = k.round_lookahead(
-                    nu.state, nu.window[0][2], INF, self.slot_of.numpy(), self.slot_pos.numpy(),
-                    self.score.numpy(), free_pos.numpy() if free_pos is not None else _EMPTY.numpy(),
+                    nu.state, nu.window[0][2], INF, slot_of, slot_pos, score,
+                    free_pos.numpy() if free_pos is not None else _EMPTY_NP,
                     admit == "any", max_rows if max_rows is not None else 1 << 62)
                 if not victims.size:
                     return _EMPTY, _EMPTY
@@ -473,13 +491,14 @@ class HaloBuffer:
         # (slots, old and new positions are each duplicate-free: a fancy assignment is a scatter
         # here); numpy on the tensors' memory, as in the lookup
         sl, npos = slots.numpy(), new_pos.numpy()
-        slot_pos, slot_of = self.slot_pos.numpy(), self.slot_of.numpy()
         k = jit.kernels()
         if k is not None:
-            k.apply(slot_pos, slot_of, self.score.numpy(), self.miss_count.numpy(), sl, npos)
+            slot_of, slot_pos, score, miss_count, _ = self._views()
+            k.apply(slot_pos, slot_of, score, miss_count, sl, npos)
             if self.store_features and feats is not None:
                 self._write(slots, feats)
             return
+        slot_pos, slot_of = self.slot_pos.numpy(), self.slot_of.numpy()
         score, miss_count = self.score.numpy(), self.miss_count.numpy()
         old_pos = slot_pos[sl]
         had = old_pos >= 0
@@ -497,7 +516,7 @@ class HaloBuffer:
     def size(self) -> int:
         k = jit.kernels()
         if k is not None:
-            return int(k.fill_counts(self.slot_pos.numpy(), self.score.numpy(), 0.0)[0])
+            return int(k.fill_counts(self._views()[1], self._views()[2], 0.0)[0])
         return int(np.count_nonzero(self.slot_pos.numpy() >= 0))
 
     def contents(self) -> torch.Tensor:
@@ -521,6 +540,7 @@ class HaloBuffer:
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
+_EMPTY_NP = _EMPTY.numpy()
 
 
 def _byte_rows(*ts: torch.Tensor) -> bool:
