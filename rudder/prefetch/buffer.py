@@ -91,6 +91,7 @@ class HaloBuffer:
         self.feats = torch.empty((capacity, feat_dim) if store_features else (0, 0), dtype=dtype,
                                  device=device)
         self.store_features = store_features
+        jit.warm()  # the compiled kernels loaded now, not in the first minibatch (once per process)
 
     def _views(self) -> tuple[np.ndarray, ...]:
         """numpy views of slot_of, slot_pos, score, miss_count, missed (the same memory), made once

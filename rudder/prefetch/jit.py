@@ -13,13 +13,17 @@ only), with libstdc++'s algorithms transcribed step by step, so equal keys come 
 order. tests/test_kernels.py checks the ranking against torch.topk and the two paths against each
 other (hits, rows, slot contents).
 
-numba is imported on the first call, not with the buffer: a process that never records a step or
-runs a round does not pay for it. cache=True keeps the machine code in rudder/prefetch/__pycache__,
-so a fresh process loads it instead of compiling (BENCHMARKS.md §11 gives both times).
+numba is imported when the first HaloBuffer is made (`warm`), not on import: a process without a
+buffer does not pay for it, and one with a buffer pays before its first minibatch, not in it (a
+fresh process: ~0.5 s to import numba, ~0.8 s for its first dispatch, ~0.1 s to load the kernels).
+cache=True keeps the machine code in rudder/prefetch/__pycache__, so only the first process on a
+host compiles (~30 s on the loaded 2-core VM; BENCHMARKS.md §11).
 """
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 _loaded: dict = {}
 
@@ -36,3 +40,22 @@ def kernels():
             k = None
         _loaded["k"] = k
     return _loaded["k"]
+
+
+def warm() -> None:
+    """Loads (or compiles) every kernel with the argument types the buffer passes, once per
+    process, so no minibatch pays for it."""
+    k = kernels()
+    if k is None or _loaded.get("warm"):
+        return
+    i64, f64, hit = np.zeros(2, np.int64), np.zeros(2), np.zeros(2, bool)
+    state, link = np.zeros((2, 4), np.int32), np.zeros(4, np.int32)
+    k.split(i64, hit, i64, i64)
+    k.record(f64, 0.5, i64[:0], f64, hit, i64[:0], True)
+    k.nu_enter(state, link, i64[:1], 0, 0)
+    k.nu_leave(state, link, i64[:1], 0)
+    k.round_lookahead(state, 0, 2, i64, i64, f64, i64, False, 2)
+    k.apply(i64, i64, f64, f64, i64[:0], i64[:0])
+    k.fill_counts(i64, f64, 0.5)
+    k.topk_smallest(i64, 1)
+    _loaded["warm"] = True
