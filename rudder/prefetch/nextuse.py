@@ -80,16 +80,16 @@ class WindowNextUse:
     def sync(self, future: list[torch.Tensor], positions) -> None:
         """Makes the window `future` (in order); `positions(ids)` gives a minibatch's halo
         positions. Keeps the part that continues, drops the front, adds the back."""
-        keys = [self.key(f) for f in future]
-        held = [w[4] for w in self.window]
+        held = self.window
         drop = len(held)  # the held minibatches before future[0] leave
-        if keys:
+        if future:
             for i in range(len(held)):
-                if held[i] == keys[0]:
+                if self._same(future[0], held[i]):
                     drop = i
                     break
         kept = len(held) - drop
-        if held[drop:] != keys[:kept]:  # not a continuation: start again
+        if kept > len(future) or not all(self._same(future[j], held[drop + j]) for j in range(kept)):
+            # not a continuation: start again
             self.state[:, _FIRST] = NONE
             self.state[:, _FREQ] = 0
             self.state[:, _LAST] = -1
@@ -98,8 +98,13 @@ class WindowNextUse:
             drop = kept = 0
         for _ in range(drop):
             self._leave()
-        for ids, key in zip(future[kept:], keys[kept:]):
-            self._enter(ids, positions(ids), key)
+        for ids in future[kept:]:
+            self._enter(ids, positions(ids), self.key(ids))
+
+    def _same(self, ids: torch.Tensor, held: tuple) -> bool:
+        """Whether `ids` is the held minibatch: the very tensor (most rounds: the queue keeps its
+        tensors), else a view of the same ids (its key; ~4 torch calls, so only when needed)."""
+        return ids is held[0] or self.key(ids) == held[4]
 
     def _gather(self, pos: np.ndarray) -> np.ndarray:
         return self._rows.take(pos).view(np.int32).reshape(pos.size, 4)
