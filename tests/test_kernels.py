@@ -15,9 +15,22 @@ from rudder.prefetch.policy import Replace  # noqa: E402
 from rudder.prefetch.step import begin_step, finish_step  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _reread():
+    jit.refresh()
+    yield
+    jit.refresh()  # the next test reads the environment it sets
+
+
+def use_jit(monkeypatch, on: bool) -> None:
+    monkeypatch.setenv("RUDDER_NO_JIT", "0" if on else "1")
+    jit.refresh()
+    assert (jit.kernels() is not None) == on
+
+
 @pytest.fixture
 def K(monkeypatch):
-    monkeypatch.delenv("RUDDER_NO_JIT", raising=False)
+    use_jit(monkeypatch, True)
     k = jit.kernels()
     assert k is not None
     return k
@@ -25,9 +38,10 @@ def K(monkeypatch):
 
 def test_switch(monkeypatch, K):
     assert K.NONE == nextuse.NONE
-    monkeypatch.setenv("RUDDER_NO_JIT", "1")
+    use_jit(monkeypatch, False)
     assert jit.kernels() is None
-    monkeypatch.setenv("RUDDER_NO_JIT", "0")
+    monkeypatch.setenv("RUDDER_NO_JIT", "")
+    jit.refresh()
     assert jit.kernels() is K
 
 
@@ -64,7 +78,7 @@ def test_topk_is_torch_topk_ties_included(K, dtype):
 def _run(monkeypatch, jit_on: bool, H, C, mbs, depth, admit, max_rows=None, fill=None):
     """Steps a buffer over `mbs` with a lookahead round each minibatch; every step's decisions
     and the final state."""
-    monkeypatch.setenv("RUDDER_NO_JIT", "0" if jit_on else "1")
+    use_jit(monkeypatch, jit_on)
     buf = HaloBuffer(torch.arange(H, dtype=torch.int64) * 3, C, 0, store_features=False)
     if fill is not None:
         buf.fill(fill)
@@ -139,7 +153,7 @@ def test_window_next_use_paths_agree(monkeypatch):
     mbs = [torch.from_numpy(rng.choice(H, size=int(rng.integers(0, 200)), replace=False)) for _ in range(60)]
     views = {}
     for on in (True, False):
-        monkeypatch.setenv("RUDDER_NO_JIT", "0" if on else "1")
+        use_jit(monkeypatch, on)
         nu = nextuse.WindowNextUse(H)
         seen = []
         for g in range(len(mbs)):
@@ -165,7 +179,7 @@ def test_replays_agree(monkeypatch, policy):
                          epochs=2, seed=5)
     got = {}
     for on in (True, False):
-        monkeypatch.setenv("RUDDER_NO_JIT", "0" if on else "1")
+        use_jit(monkeypatch, on)
         r = simulate(trace, policy)
         got[on] = ({k: v.tolist() for k, v in r.counts.items()}, r.windows)
     assert got[True] == got[False]

@@ -97,10 +97,14 @@ class HaloBuffer:
         """numpy views of slot_of, slot_pos, score, miss_count, missed (the same memory), made once
         per tensor: `.numpy()` costs 2-6 us a call, ~15 calls a minibatch on the compiled path.
         Rebuilt when an attribute is another tensor (missed is swapped each window)."""
-        ts = (self.slot_of, self.slot_pos, self.score, self.miss_count, self.missed)
         got = self._np_views
-        if got is None or any(a is not b for a, b in zip(got[0], ts)):
-            got = self._np_views = (ts, tuple(t.numpy() for t in ts))
+        if got is not None:
+            t = got[0]
+            if (t[0] is self.slot_of and t[1] is self.slot_pos and t[2] is self.score
+                    and t[3] is self.miss_count and t[4] is self.missed):
+                return got[1]
+        ts = (self.slot_of, self.slot_pos, self.score, self.miss_count, self.missed)
+        got = self._np_views = (ts, tuple(t.numpy() for t in ts))
         return got[1]
 
     def __getstate__(self) -> dict:

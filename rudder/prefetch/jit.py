@@ -29,17 +29,25 @@ _loaded: dict = {}
 
 
 def kernels():
-    """rudder.prefetch.kernels, or None: numba missing, or RUDDER_NO_JIT set. Read per call, so a
-    test can switch paths with the environment."""
-    if os.environ.get("RUDDER_NO_JIT", "") not in ("", "0"):
-        return None
-    if "k" not in _loaded:
+    """rudder.prefetch.kernels, or None: numba missing, or RUDDER_NO_JIT set (read once per
+    process, as the buffer calls this ~10 times a minibatch; `refresh` reads it again)."""
+    try:
+        return _loaded["k"]
+    except KeyError:
+        pass
+    k = None
+    if os.environ.get("RUDDER_NO_JIT", "") in ("", "0"):
         try:
             from rudder.prefetch import kernels as k
         except ImportError:  # numba not installed
             k = None
-        _loaded["k"] = k
-    return _loaded["k"]
+    _loaded["k"] = k
+    return k
+
+
+def refresh() -> None:
+    """Reads RUDDER_NO_JIT again (tests and A/B benchmarks switch paths within one process)."""
+    _loaded.pop("k", None)
 
 
 def warm() -> None:
