@@ -183,3 +183,20 @@ def test_replays_agree(monkeypatch, policy):
         r = simulate(trace, policy)
         got[on] = ({k: v.tolist() for k, v in r.counts.items()}, r.windows)
     assert got[True] == got[False]
+
+
+def test_halo_search_paths_agree(monkeypatch):
+    """The bucketed search: the same (is_halo, position) for halo ids, other ids (between, below,
+    above the halo's range) and an empty minibatch, on dense and sparse halos."""
+    rng = np.random.default_rng(11)
+    for span, H in ((1000, 900), (10**7, 5000), (50, 1)):
+        halo = torch.from_numpy(np.sort(rng.choice(span, H, replace=False)).astype(np.int64))
+        ids = torch.from_numpy(np.unique(rng.integers(0, span + 100, 3000)))
+        got = {}
+        for on in (True, False):
+            use_jit(monkeypatch, on)
+            buf = HaloBuffer(halo, min(H, 10), 0, store_features=False)
+            got[on] = [buf.halo_positions(t) for t in (ids, ids[:0], halo)]
+        for (h1, p1), (h2, p2) in zip(got[True], got[False]):
+            assert torch.equal(h1, h2) and torch.equal(p1, p2)
+        assert bool(got[True][2][0].all())

@@ -133,6 +133,11 @@ class HaloBuffer:
         if H == 0 or ids.numel() == 0:
             z = torch.zeros(ids.numel(), dtype=torch.int64)
             return z.bool(), z
+        k = jit.kernels()
+        if k is not None:  # one compiled loop: each id's search at once (the same iterations)
+            is_halo, pos = k.halo_search(self._bucket_off.numpy(), self.halo.numpy(), ids.numpy(),
+                                         self._shift, self._search_steps)
+            return torch.from_numpy(is_halo), torch.from_numpy(pos)
         # numpy on the tensors' memory (the same search; less dispatch per op)
         off, halo, x = self._bucket_off.numpy(), self.halo.numpy(), ids.numpy()
         nb = off.size - 1

@@ -66,4 +66,5 @@ def warm() -> None:
     k.apply(i64, i64, f64, f64, i64[:0], i64[:0])
     k.fill_counts(i64, f64, 0.5)
     k.topk_smallest(i64, 1)
+    k.halo_search(i64, i64, i64, 0, 1)
     _loaded["warm"] = True

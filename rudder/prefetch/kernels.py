@@ -409,3 +409,26 @@ def fill_counts(slot_pos, score, threshold):
         filled += f
         stale += f & (score[s] < threshold)
     return filled, stale
+
+
+# ---- the halo index's bucketed search (HaloBuffer.halo_positions) ------------------------------
+
+@_jit
+def halo_search(off, halo, x, shift, steps):
+    """(is_halo, position) of each id: the numpy path's binary search inside the id's bucket,
+    the same `steps` iterations per id (so the same position where the id is not a halo node)."""
+    H, nb, m = halo.size, off.size - 1, x.size
+    is_halo = np.empty(m, dtype=np.bool_)
+    pos = np.empty(m, dtype=np.int64)
+    for i in range(m):
+        v = x[i]
+        bk = min(max(v >> shift, 0), nb - 1)
+        lo, hi = off[bk], off[bk + 1]
+        for _ in range(steps):
+            mid = (lo + hi) >> 1
+            right = (mid < hi) & (halo[min(mid, H - 1)] < v)
+            lo, hi = (mid + 1, hi) if right else (lo, mid)
+        p = min(lo, H - 1)
+        pos[i] = p
+        is_halo[i] = halo[p] == v
+    return is_halo, pos
