@@ -1,9 +1,9 @@
 """The switch for the buffer's compiled hot path (issue 17, must-have 6).
 
 With numba installed, the next-use window's slide, the lookahead round (candidates, keys, both
-rankings, the swap prefix) and a step's score bookkeeping each run as one compiled loop
-(rudder.prefetch.kernels), fused so each array is walked once, instead of ~40 numpy ops and two
-`torch.topk` per lookahead minibatch. The numpy path in buffer.py / nextuse.py stays and runs when
+rankings, the swap prefix), a step's hit/miss split and score bookkeeping, `apply` and the halo
+index's search each run as one compiled loop (rudder.prefetch.kernels), fused so each array is
+walked once, instead of ~40 numpy ops and two `torch.topk` per lookahead minibatch. The numpy path in buffer.py / nextuse.py stays and runs when
 numba is missing or RUDDER_NO_JIT=1 (any value but "" or "0") is set in the environment.
 
 Both paths give the same results, ties included: the rankings reproduce `torch.topk`'s CPU

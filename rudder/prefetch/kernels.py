@@ -1,7 +1,8 @@
 """The compiled loops of the buffer's hot path (numba); imported only through rudder.prefetch.jit.
 
-Each public kernel (no leading underscore in `jit.kernels()`' namespace) gives exactly what the
-numpy path of rudder.prefetch.buffer / nextuse gives, ties included (see rudder.prefetch.jit).
+Each public kernel (no leading underscore) gives exactly what the numpy path of
+rudder.prefetch.buffer / nextuse gives, ties included (see rudder.prefetch.jit). No bounds checks
+(numba's default): the callers pass valid positions and slots, as the numpy path assumes.
 """
 from __future__ import annotations
 
