@@ -15,8 +15,8 @@ minibatch, 128-dim rows, 1 thread. Two buffers get the same minibatches, alterna
 decisions and rows are asserted equal. Part 2, BufferedFeatures.fetch (the training path; its
 features.py also as of `--before`) over a plain feature tensor: the `t_buffer` of each minibatch's
 record, outputs asserted equal to the table's rows. Part 3, replay throughput over a trace (`--trace
-trace-r0.npz`, else a random one at bench_sim.py's scale), whole replays alternating; hits
-asserted equal.
+trace-r0.npz`, else a random one at bench_sim.py's scale), whole replays alternating; hits, counts
+per minibatch and windows asserted equal.
 
   python benchmarks/bench_buffer_ab.py [--part step|fetch|replay|all] [--steps 60] [--trace PATH]
       [--replays 3] [--before REV]
@@ -181,7 +181,7 @@ def part_replay(args, old_buffer, old_step, old_features, old_metrics) -> None:
           f"capacity {trace.capacity}; {args.replays} replays each, alternating")
     for policy in args.policies.split(","):
         t = {"before": [], "after": []}
-        hits = {}
+        hits, same = {}, {}
         for i in range(args.replays):
             for mode in (("before", "after") if i % 2 == 0 else ("after", "before")):
                 with before_in_replay(old_buffer, old_step, old_metrics) if mode == "before" else contextlib.nullcontext():
@@ -189,7 +189,9 @@ def part_replay(args, old_buffer, old_step, old_features, old_metrics) -> None:
                     r = simulate(trace, policy)
                     t[mode].append((r.seconds, time.process_time() - c0))
                 hits[mode] = r.summary()["hits"]
+                same[mode] = ({k: v.tolist() for k, v in r.counts.items()}, r.windows)
         assert hits["before"] == hits["after"], f"{policy}: hits differ {hits}"
+        assert same["before"] == same["after"], f"{policy}: counts per minibatch or windows differ"
         fmt = {k: (N / min(w for w, _ in v) / 1e6, N / min(c for _, c in v) / 1e6) for k, v in t.items()}
         print(f"{policy}: M accesses/s (best of {args.replays}) wall before {fmt['before'][0]:.2f}, after "
               f"{fmt['after'][0]:.2f} ({fmt['after'][0] / fmt['before'][0]:.2f}x); cpu before "

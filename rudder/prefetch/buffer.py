@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rudder.prefetch import jit
 from rudder.prefetch.nextuse import WindowNextUse, next_use_scratch
 from rudder.prefetch.remote_index import RemoteIndex
 
@@ -70,6 +71,7 @@ class HaloBuffer:
             self.halo = self.index.ids  # position -> id (-1: free), updated in place by the index
         H = self.halo.numel()
         self._pos_memo: dict = {}
+        self._np_views: tuple | None = None  # _views()'s cache
         self._next_use: WindowNextUse | None = None  # made by the first lookahead round
         self._planned: tuple | None = None  # (ids, halo positions) of the last plan's newcomers
         self._scratch: torch.Tensor | None = None  # gather_into's rows, reused
@@ -89,6 +91,27 @@ class HaloBuffer:
         self.feats = torch.empty((capacity, feat_dim) if store_features else (0, 0), dtype=dtype,
                                  device=device)
         self.store_features = store_features
+        jit.warm()  # the compiled kernels loaded now, not in the first minibatch (once per process)
+
+    def _views(self) -> tuple[np.ndarray, ...]:
+        """numpy views of slot_of, slot_pos, score, miss_count, missed (the same memory), made once
+        per tensor: `.numpy()` costs 2-6 us a call, ~15 calls a minibatch on the compiled path.
+        Rebuilt when an attribute is another tensor (missed is swapped each window)."""
+        got = self._np_views
+        if got is not None:
+            t = got[0]
+            if (t[0] is self.slot_of and t[1] is self.slot_pos and t[2] is self.score
+                    and t[3] is self.miss_count and t[4] is self.missed):
+                return got[1]
+        ts = (self.slot_of, self.slot_pos, self.score, self.miss_count, self.missed)
+        got = self._np_views = (ts, tuple(t.numpy() for t in ts))
+        return got[1]
+
+    def __getstate__(self) -> dict:
+        """A copy (deepcopy: a replay's fork; pickle) makes its own views of its own tensors."""
+        state = self.__dict__.copy()
+        state["_np_views"] = None
+        return state
 
     # ---- lookup ---------------------------------------------------------------------------
     def _build_index(self) -> None:
@@ -110,6 +133,11 @@ class HaloBuffer:
         if H == 0 or ids.numel() == 0:
             z = torch.zeros(ids.numel(), dtype=torch.int64)
             return z.bool(), z
+        k = jit.kernels()
+        if k is not None:  # one compiled loop: each id's search at once (the same iterations)
+            is_halo, pos = k.halo_search(self._bucket_off.numpy(), self.halo.numpy(), ids.numpy(),
+                                         self._shift, self._search_steps)
+            return torch.from_numpy(is_halo), torch.from_numpy(pos)
         # numpy on the tensors' memory (the same search; less dispatch per op)
         off, halo, x = self._bucket_off.numpy(), self.halo.numpy(), ids.numpy()
         nb = off.size - 1
@@ -168,6 +196,26 @@ class HaloBuffer:
         slots[~is_halo.numpy()] = -1
         return is_halo, pos, torch.from_numpy(slots)
 
+    def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`locate` and the hit/miss split of one minibatch (unique ids): (is_halo, halo position,
+        hit mask, hit slots, miss ids, missed halo positions), the last four in id order."""
+        hit = self._memo(ids)
+        is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
+        if self.index is not None:
+            self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
+        k = jit.kernels()
+        if k is not None:  # one compiled pass instead of ~8 numpy ones (the same selections)
+            parts = k.split(self._views()[0], is_halo.numpy(), pos.numpy(), ids.numpy())
+            return (is_halo, pos, *(torch.from_numpy(t) for t in parts))
+        # numpy on the tensors' memory (CPU: the index's side): the same selections, less dispatch
+        sl = self.slot_of.numpy().take(pos.numpy())
+        halo = is_halo.numpy()
+        sl[~halo] = -1
+        hit = sl >= 0
+        miss = ~hit
+        return (is_halo, pos, torch.from_numpy(hit), torch.from_numpy(sl[hit]),
+                torch.from_numpy(ids.numpy()[miss]), torch.from_numpy(pos.numpy()[halo & miss]))
+
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies rows out, on the buffer's device: the caller's tensor never aliases the buffer
         (safe to replace later). `slots` may be on the CPU (the index's side)."""
@@ -211,6 +259,11 @@ class HaloBuffer:
         not buffered gets +1 miss (not on replacement minibatches: the reference skips them).
         hit_slots: distinct slots hit; missed_pos: halo positions of the non-buffered halo
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
+        k = jit.kernels()
+        if k is not None:  # one compiled loop per array (rudder.prefetch.jit): the same arithmetic
+            _, _, score, miss_count, missed = self._views()
+            k.record(score, self.decay, hit_slots.numpy(), miss_count, missed, missed_pos.numpy(), count_misses)
+            return
         score = self.score.numpy()  # numpy on the tensors' memory: the same arithmetic, less dispatch
         score *= self.decay
         if hit_slots.numel():
@@ -285,6 +338,9 @@ class HaloBuffer:
         return int((~hit).sum())
 
     def stale_count(self) -> int:
+        k = jit.kernels()
+        if k is not None:
+            return int(k.fill_counts(self._views()[1], self._views()[2], self.threshold)[1])
         return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < self.threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
@@ -351,6 +407,16 @@ class HaloBuffer:
                 self._next_use = WindowNextUse(H)
             nu = self._next_use
             nu.sync(future, self._future_positions)
+            k = jit.kernels()
+            if k is not None:  # the whole round below as one compiled pass (same keys, same topk)
+                slot_of, slot_pos, score, _, _ = self._views()
+                victims, cand = k.round_lookahead(
+                    nu.state, nu.window[0][2], INF, slot_of, slot_pos, score,
+                    free_pos.numpy() if free_pos is not None else _EMPTY_NP,
+                    admit == "any", max_rows if max_rows is not None else 1 << 62)
+                if not victims.size:
+                    return _EMPTY, _EMPTY
+                return torch.from_numpy(victims), self._newcomers(torch.from_numpy(cand))
             next_use_of, freq_of = nu.next_use_np, nu.freq_np
         else:
             nu = None
@@ -435,6 +501,13 @@ class HaloBuffer:
         # (slots, old and new positions are each duplicate-free: a fancy assignment is a scatter
         # here); numpy on the tensors' memory, as in the lookup
         sl, npos = slots.numpy(), new_pos.numpy()
+        k = jit.kernels()
+        if k is not None:
+            slot_of, slot_pos, score, miss_count, _ = self._views()
+            k.apply(slot_pos, slot_of, score, miss_count, sl, npos)
+            if self.store_features and feats is not None:
+                self._write(slots, feats)
+            return
         slot_pos, slot_of = self.slot_pos.numpy(), self.slot_of.numpy()
         score, miss_count = self.score.numpy(), self.miss_count.numpy()
         old_pos = slot_pos[sl]
@@ -451,6 +524,9 @@ class HaloBuffer:
     # ---- inspection -----------------------------------------------------------------------
     @property
     def size(self) -> int:
+        k = jit.kernels()
+        if k is not None:
+            return int(k.fill_counts(self._views()[1], self._views()[2], 0.0)[0])
         return int(np.count_nonzero(self.slot_pos.numpy() >= 0))
 
     def contents(self) -> torch.Tensor:
@@ -474,6 +550,7 @@ class HaloBuffer:
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
+_EMPTY_NP = _EMPTY.numpy()
 
 
 def _byte_rows(*ts: torch.Tensor) -> bool:

@@ -28,6 +28,8 @@ import collections
 import numpy as np
 import torch
 
+from rudder.prefetch import jit
+
 # No bound on the window (it was the 62 bits of a per-node ring): a whole epoch scheduled ahead
 # is one window, up to 2^31 - 2 minibatches in all and 2^31 - 2 accesses in the window (int32).
 NONE = (1 << 31) - 1  # `first` / `link` of a node no (later) window minibatch uses
@@ -78,16 +80,16 @@ class WindowNextUse:
     def sync(self, future: list[torch.Tensor], positions) -> None:
         """Makes the window `future` (in order); `positions(ids)` gives a minibatch's halo
         positions. Keeps the part that continues, drops the front, adds the back."""
-        keys = [self.key(f) for f in future]
-        held = [w[4] for w in self.window]
+        held = self.window
         drop = len(held)  # the held minibatches before future[0] leave
-        if keys:
+        if future:
             for i in range(len(held)):
-                if held[i] == keys[0]:
+                if self._same(future[0], held[i]):
                     drop = i
                     break
         kept = len(held) - drop
-        if held[drop:] != keys[:kept]:  # not a continuation: start again
+        if kept > len(future) or not all(self._same(future[j], held[drop + j]) for j in range(kept)):
+            # not a continuation: start again
             self.state[:, _FIRST] = NONE
             self.state[:, _FREQ] = 0
             self.state[:, _LAST] = -1
@@ -96,8 +98,13 @@ class WindowNextUse:
             drop = kept = 0
         for _ in range(drop):
             self._leave()
-        for ids, key in zip(future[kept:], keys[kept:]):
-            self._enter(ids, positions(ids), key)
+        for ids in future[kept:]:
+            self._enter(ids, positions(ids), self.key(ids))
+
+    def _same(self, ids: torch.Tensor, held: tuple) -> bool:
+        """Whether `ids` is the held minibatch: the very tensor (most rounds: the queue keeps its
+        tensors), else a view of the same ids (its key; ~4 torch calls, so only when needed)."""
+        return ids is held[0] or self.key(ids) == held[4]
 
     def _gather(self, pos: np.ndarray) -> np.ndarray:
         return self._rows.take(pos).view(np.int32).reshape(pos.size, 4)
@@ -110,6 +117,16 @@ class WindowNextUse:
         self.count += 1
         self._room(m)
         lo = self.n
+        k = jit.kernels()
+        if k is not None:  # one compiled loop over the positions (the same values)
+            k.nu_enter(self.state, self.link, pos, a, lo)
+        else:
+            self._enter_np(pos, a, lo)
+        self.window.append((ids, pos, a, lo, key))
+        self.n = lo + m
+
+    def _enter_np(self, pos: np.ndarray, a: int, lo: int) -> None:
+        m = pos.size
         self.link[lo:lo + m] = NONE
         every = self._rows
         rows = every.take(pos).view(np.int32).reshape(m, 4)
@@ -119,12 +136,19 @@ class WindowNextUse:
         rows[:, _FREQ] += 1  # positions are distinct within a minibatch
         np.minimum(rows[:, _FIRST], a, out=rows[:, _FIRST])  # a: the newest
         every[pos] = rows.view(_ROW).reshape(m)
-        self.window.append((ids, pos, a, lo, key))
-        self.n = lo + m
 
     def _leave(self) -> None:
         """The front minibatch leaves: its nodes' first use moves to their link."""
         _, pos, _, lo, _ = self.window.popleft()
+        k = jit.kernels()
+        if k is not None:
+            k.nu_leave(self.state, self.link, pos, lo)
+        else:
+            self._leave_np(pos, lo)
+        if not self.window:
+            self.n = 0
+
+    def _leave_np(self, pos: np.ndarray, lo: int) -> None:
         m = pos.size
         every = self._rows
         rows = every.take(pos).view(np.int32).reshape(m, 4)
@@ -133,8 +157,6 @@ class WindowNextUse:
         newest = rows[:, _LAST]  # nodes whose newest use was this one have none left
         newest[newest == self._iota[lo:lo + m]] = -1
         every[pos] = rows.view(_ROW).reshape(m)
-        if not self.window:
-            self.n = 0
 
     def _room(self, m: int) -> None:
         """Room for m more entries in link: first drop those of minibatches that left (shifting

@@ -50,15 +50,8 @@ def begin_step(
     buffer: HaloBuffer, remote_ids: torch.Tensor, plan: Replace | None, future: list[torch.Tensor] = ()
 ) -> StepPlan:
     t0 = time.perf_counter()
-    is_halo, pos, slots = buffer.locate(remote_ids)  # remote ids are unique in a minibatch
-    # numpy on the tensors' memory (CPU: the index's side): the same selections, less dispatch
-    sl = slots.numpy()
-    hit = sl >= 0
-    miss = ~hit
-    hit_slots = torch.from_numpy(sl[hit])
-    miss_ids = torch.from_numpy(remote_ids.numpy()[miss])
-    missed_pos = torch.from_numpy(pos.numpy()[is_halo.numpy() & miss])
-    hit_mask = torch.from_numpy(hit)
+    # remote ids are unique in a minibatch
+    is_halo, _, hit_mask, hit_slots, miss_ids, missed_pos = buffer.split(remote_ids)
     buffer.record(hit_slots, missed_pos, count_misses=plan is None)
     victims = newcomers = extra = torch.empty(0, dtype=torch.int64)
     if plan is not None:
