@@ -48,6 +48,10 @@ SHIM="$GB_DIR/libgraphbolt_pytorch_$TV.so"
 [ -f "$SHIM" ] || echo "" | gcc -x c -shared -fPIC -o "$SHIM" -
 $PIP install --no-deps -e .
 DGLBACKEND=pytorch "$VENV/bin/python" -c "import dgl, dgl.distributed, llama_cpp, parsl, duckdb" 
+# numba compiles the buffer's kernels once per host into rudder/prefetch/__pycache__; done here so
+# the first run's trainers (or a test's) do not each compile them at once (~30 s on 2 cores).
+echo "[setup] compiling the halo buffer's kernels (once)" >&2
+"$VENV/bin/python" -c "from rudder.prefetch import jit; jit.warm()"
 rm -f "$VENV"/.rudder-setup-*
 touch "$STAMP"
 echo "[setup] done" >&2
