@@ -9,7 +9,7 @@ What the trainers' HttpBackend needs of llama_cpp.server, answered faster (BENCH
         to a choice template (rudder.agent.choice: the default prompt variant's schema) the
         forced text is read in batches and only the choices are sampled; any other schema (free
         text) goes through llama.cpp's grammar, as llama_cpp.server would.
-  GET /v1/models             readiness.
+  GET /v1/models             readiness (answered when the model is free: after the warm-up).
 Questions queue on one lock (one model). A client that hangs up (its deadline passed, or its run
 ended) stops its answer at the next choice, so the next trainer is not kept waiting.
 
@@ -224,6 +224,10 @@ def make_handler(model: Model):
 
         def do_GET(self):
             if self.path.rstrip("/") in ("/v1/models", "/models"):
+                # as llama_cpp.server: it answers once the model is free, so a trainer that
+                # waits for it starts after the service's prompt warm-up, not behind it
+                with model.lock:
+                    pass
                 self._send(200, {"object": "list", "data": [
                     {"id": model.alias, "object": "model", "owned_by": "rudder"}]})
             else:
