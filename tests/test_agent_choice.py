@@ -21,12 +21,13 @@ def test_template_samples_are_answers_under_the_schema(kw):
     schema = answer_schema(**kw)
     tpl = template(schema)
     assert tpl is not None
+    validator = jsonschema.Draft202012Validator(schema)
     rng = np.random.default_rng(0)
     seen: dict[str, set] = {}
-    for _ in range(400):
+    for _ in range(200):
         text = tpl.sample(rng)
         data = json.loads(text)
-        jsonschema.validate(data, schema)
+        validator.validate(data)
         Answer.model_validate_json(text)
         assert text == json.dumps(data)  # the canonical form the examples show the model
         for k, v in data.items():
@@ -44,8 +45,9 @@ def test_every_answer_the_schema_accepts_the_template_accepts(kw):
     budget and direction) match the template; near misses match neither."""
     schema = answer_schema(**kw)
     tpl = template(schema)
+    validator = jsonschema.Draft202012Validator(schema)
     measured = kw.get("measured", True)
-    trends = [""] + ([f"hit rate {w}, " for w in ("rising", "steady", "falling", "0%", "57%", "100%")]
+    trends = [""] + ([f"hit rate {w}, " for w in ("rising", "steady", "falling", "57%")]
                      if measured else [])
     looks = ["lookahead on", "lookahead off", "lookahead on, much missing ahead",
              "lookahead on, little missing ahead"]
@@ -57,15 +59,12 @@ def test_every_answer_the_schema_accepts_the_template_accepts(kw):
         ans = {"reason": f"{trend}{look}: {'replace' if replace else 'keep'}", "replace": replace,
                "budget": budget, "expected": {"hit_rate": hr, "remote_rows": rr}}
         text = json.dumps({k: ans[k] for k in order})
-        jsonschema.validate(json.loads(text), schema)
-        assert tpl.matches(text), text
+        assert validator.is_valid(json.loads(text)) and tpl.matches(text), text
         n += 1
         if n % 97 == 0:  # near misses: rejected by both
             for bad in (text.replace(": replace\"", ": keep\"") if replace else text.replace(": keep\"", ": replace\""),
                         text.replace(budget, "huge"), text.replace("lookahead", "look ahead")):
-                assert not tpl.matches(bad)
-                with pytest.raises(jsonschema.ValidationError):
-                    jsonschema.validate(json.loads(bad), schema)
+                assert not tpl.matches(bad) and not validator.is_valid(json.loads(bad))
 
 
 def test_free_text_schemas_keep_the_grammar_path():

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
-
 import numpy as np
 
 # -- a regular language of the answer's text -------------------------------------------------
@@ -169,8 +167,8 @@ class Template:
         self._ids: dict[frozenset, int] = {}
         self._step: dict[tuple[int, str], int | None] = {}
         self._out: dict[int, str] = {}
+        self._lock = threading.Lock()  # templates are shared: two models may walk one at once
         self.start = self._dstate(self._closure({start}))
-        self.tokens: dict[int, Any] = {}  # per state: the vocabulary tokens allowed (decoder cache)
 
     def _new(self) -> int:
         self._edges.append([])
@@ -235,8 +233,9 @@ class Template:
     def step(self, s: int, ch: str) -> int | None:
         key = (s, ch)
         if key not in self._step:
-            nxt = {n for q in self._sets[s] for chars, n in self._edges[q] if ch in chars}
-            self._step[key] = self._dstate(self._closure(nxt)) if nxt else None
+            with self._lock:
+                nxt = {n for q in self._sets[s] for chars, n in self._edges[q] if ch in chars}
+                self._step[key] = self._dstate(self._closure(nxt)) if nxt else None
         return self._step[key]
 
     def walk(self, s: int | None, text: str) -> int | None:
@@ -306,6 +305,7 @@ class _Vocab:
     def __init__(self, llm):
         self.root: list = [{}, []]
         self.text: dict[int, str] = {}
+        self._allowed: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
         for tok in range(llm.n_vocab()):
             if llm._model.token_get_attr(tok) & 0b1011:  # unknown, unused, control
                 continue
@@ -323,8 +323,9 @@ class _Vocab:
 
     def allowed(self, tpl: Template, s: int) -> tuple[np.ndarray, list[int]]:
         """Tokens whose whole text keeps the answer inside the template from state s, and the
-        state after each (cached on the template)."""
-        if s not in tpl.tokens:
+        state after each (cached per template and state: templates live as long as the process)."""
+        key = (id(tpl), s)
+        if key not in self._allowed:
             ids, nexts = [], []
             stack = [(self.root, s)]
             while stack:
@@ -337,8 +338,8 @@ class _Vocab:
                         ids.append(tok)
                         nexts.append(nxt)
                     stack.append((child, nxt))
-            tpl.tokens[s] = (np.array(ids, dtype=np.int64), nexts)
-        return tpl.tokens[s]
+            self._allowed[key] = (np.array(ids, dtype=np.int64), nexts)
+        return self._allowed[key]
 
 
 def _commit_point(forced: str, final: bool) -> int:
