@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8431
 # The per-node service of a study: its trainers take turns, so it keeps each one's state
-# (llama_cpp.server --cache; the size counts KV state only, ~12 kB a token for Qwen2.5-0.5B,
-# ~30 MB a state) with a small batch (each kept state also copies n_batch x n_vocab float
-# scores: 78 MB at 128 for Qwen's 151,936-token vocabulary, 311 MB at the default 512).
+# (rudder.agent.server --cache-mb, as llama_cpp.server --cache: KV state, ~12 kB a token for
+# Qwen2.5-0.5B, ~30 MB a state) with a small batch (llama_cpp.server's kept states also copy
+# n_batch x n_vocab float scores: 78 MB at 128 for Qwen's 151,936-token vocabulary, 311 MB at 512).
 NODE_CACHE_MB = 256
 NODE_N_BATCH = 128
 N_CTX = 4096  # as the inproc backend (decision.N_CTX)
