@@ -4,7 +4,7 @@
 
 RUN_DIR is an agent run of the study (e.g. runs/local-default/synth-medium-m2-t1-agent-r0-*): its
 context-r*.json and windows-r*.jsonl give the real prompts. One AgentService (as the study's node
-service: llama_cpp.server, its verbose log kept) is started and warmed; then the trainers' prompts
+service: rudder.agent.server, or llama_cpp.server with server=llama_cpp; its log kept) is started and warmed; then the trainers' prompts
 are sent one at a time, ranks taking turns as they share the server, each with the history of the
 decisions before it (every one answered, measured, so the run's own examples appear as they would).
 Per call: the latency, the prompt tokens, how many of them the server had to read (the rest came
@@ -93,10 +93,12 @@ def parse_setup(text: str) -> dict:
             out[key] = int(val)
         elif key == "logits_all":
             out["logits_all"] = val.lower() in ("1", "true", "yes")
+        elif key == "server":  # rudder (choice decoding, the default) or llama_cpp
+            out["server"] = val
         elif key == "cpus":
             out["cpus"] = [int(c) for c in val.split("+")]
         else:
-            raise SystemExit(f"unknown setup key {key!r} in {text!r} (threads, threads_batch, logits_all, cache_mb, n_batch, cpus)")
+            raise SystemExit(f"unknown setup key {key!r} in {text!r} (threads, threads_batch, logits_all, cache_mb, n_batch, cpus, server)")
     return out
 
 

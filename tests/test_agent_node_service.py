@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rudder.agent.policy import wait_http
-from rudder.agent.service import NODE_N_BATCH, ensure_node_service, spare_cpus, stop_node_services
+from rudder.agent.service import NODE_CACHE_MB, NODE_N_BATCH, ensure_node_service, spare_cpus, stop_node_services
 from rudder.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,11 +95,13 @@ def test_started_once_reused_then_stopped(tmp_path):
         assert len(server) == 1, server
         # it keeps each trainer's state (prompt cache, small batch) for the trainers' turns
         cmd = open(f"/proc/{server[0]}/cmdline", "rb").read().split(b"\0")
-        assert cmd[cmd.index(b"--cache") + 1] == b"true"
-        assert cmd[cmd.index(b"--n_batch") + 1] == str(NODE_N_BATCH).encode()
+        # the choice-decoding server (rudder.agent.server), not llama_cpp.server
+        assert cmd[cmd.index(b"-m") + 1] == b"rudder.agent.server"
+        assert cmd[cmd.index(b"--cache-mb") + 1] == str(NODE_CACHE_MB).encode()
+        assert cmd[cmd.index(b"--n-batch") + 1] == str(NODE_N_BATCH).encode()
         assert first["turn_file"] == str(tmp_path / f"{first['node']}.turn")
         tasks = [int(t) for t in os.listdir(f"/proc/{server[0]}/task")]
-        assert len(tasks) > 1  # llama.cpp's and uvicorn's threads, started after the pinning
+        assert len(tasks) > 1  # llama.cpp's and the HTTP server's threads, started after the pinning
         assert {t: os.sched_getaffinity(t) for t in tasks} == {t: {core} for t in tasks}
         # bound to every interface: reachable at a non-loopback address of this host too
         import socket

@@ -1,4 +1,4 @@
-"""AgentService: the real llama_cpp.server with SmolLM2 on 127.0.0.1, decisions over HTTP under
+"""AgentService: the real model server (rudder.agent.server) with SmolLM2 on 127.0.0.1, decisions over HTTP under
 the schema, the per-machine entry point, and shutdown by pid."""
 import json
 import os
@@ -119,10 +119,22 @@ def test_service_entry_point_ready_and_stops_on_sigterm(tmp_path):
 def test_server_skips_logits_of_prompt_tokens():
     """llama_cpp.server's default (logits_all=true) projects every prompt token onto the whole
     vocabulary and copies the result: nothing the agent reads, ~40% of each answer's time."""
-    argv = AgentService("m.gguf").argv()
+    argv = AgentService("m.gguf", server="llama_cpp").argv()
     assert argv[argv.index("--logits_all") + 1] == "false"
-    argv = AgentService("m.gguf", logits_all=True).argv()
+    argv = AgentService("m.gguf", logits_all=True, server="llama_cpp").argv()
     assert argv[argv.index("--logits_all") + 1] == "true"
+
+
+def test_service_runs_rudders_choice_server_by_default():
+    """The default server samples only the answer's choices (rudder.agent.server); the tested
+    flags keep their meaning: threads, the batch, the prompt-state cache."""
+    argv = AgentService("m.gguf", threads=1, threads_batch=2, n_batch=64, cache_mb=256).argv()
+    assert argv[1:3] == ["-m", "rudder.agent.server"]
+    for flag, val in (("--threads", "1"), ("--threads-batch", "2"), ("--n-batch", "64"),
+                      ("--cache-mb", "256"), ("--n-ctx", "4096")):
+        assert argv[argv.index(flag) + 1] == val
+    with pytest.raises(ValueError, match="agent server"):
+        AgentService("m.gguf", server="vllm")
 
 
 @pytest.mark.slow  # serves SmolLM2

@@ -187,9 +187,13 @@ def test_node_server_keeps_each_trainers_state_in_a_prompt_cache():
     """llama_cpp.server's RAM prompt cache (--cache): a trainer's next question resumes from
     its own last state instead of re-reading what the other trainer's question overwrote in
     the KV cache; its batch is small, as each kept state carries n_batch x n_vocab scores."""
-    argv = AgentService("m.gguf", cache_mb=256, n_batch=128).argv()
+    argv = AgentService("m.gguf", cache_mb=256, n_batch=128, server="llama_cpp").argv()
     assert argv[argv.index("--cache") + 1] == "true"
     assert argv[argv.index("--cache_type") + 1] == "ram"
     assert argv[argv.index("--cache_size") + 1] == str(256 << 20)
     assert argv[argv.index("--n_batch") + 1] == "128"
-    assert "--cache" not in AgentService("m.gguf").argv()
+    assert "--cache" not in AgentService("m.gguf", server="llama_cpp").argv()
+    # rudder.agent.server (the default) keeps the same states (tests/test_agent_server.py)
+    argv = AgentService("m.gguf", cache_mb=256, n_batch=128).argv()
+    assert argv[argv.index("--cache-mb") + 1] == "256"
+    assert argv[argv.index("--n-batch") + 1] == "128"

@@ -1,9 +1,11 @@
 """DecisionMaker: asks an LLM "replace now?" under a JSON schema and validates the answer.
 
 Backends (the one I/O seam to the model; tests put a fake or a garbage server there):
-  inproc  llama_cpp.Llama in this process; the schema becomes a llama.cpp grammar
-          (response_format={"type": "json_object", "schema": ...}), so the output is JSON by
-          construction; greedy decoding.
+  inproc  llama_cpp.Llama in this process; greedy decoding. A schema that compiles to a choice
+          template (rudder.agent.choice: the default variant's) is decoded by reading its forced
+          text in batches and sampling only its choices; any other schema becomes a llama.cpp
+          grammar (response_format={"type": "json_object", "schema": ...}). Either way the output
+          is JSON by construction.
   http    any OpenAI-compatible /v1/chat/completions (llama_cpp.server, the node's AgentService,
           vLLM, Ollama) with the schema in response_format; stdlib http.client under one total
           deadline per decision (connect, send, every read), enforced from outside the call.
@@ -91,6 +93,17 @@ class InprocBackend:
         self.llm = Llama(model_path=self.model_path, n_ctx=n_ctx, n_threads=threads,
                          n_threads_batch=threads, chat_format=chat_format, seed=seed, verbose=False)
         self._lock = threading.Lock()
+        self._choice = None  # the choice decoder, made at its first use (its token trie: ~1 s)
+
+    def _decoder(self):
+        from rudder.agent.choice import ChoiceDecoder, Unsupported
+
+        if self._choice is None:
+            try:
+                self._choice = ChoiceDecoder(self.llm)
+            except Unsupported:  # a chat format other than the model's own template
+                self._choice = False
+        return self._choice
 
     def complete(self, messages, schema, max_tokens, timeout_s, cancel=None) -> Completion:
         deadline = time.monotonic() + timeout_s
@@ -99,6 +112,13 @@ class InprocBackend:
         with self._lock:
             if self.llm is None:
                 raise BackendError("closed", "model closed")
+            from rudder.agent.choice import template
+
+            tpl = template(schema)
+            decoder = self._decoder() if tpl is not None else None
+            if decoder:
+                text, finish, _ = decoder.complete(messages, tpl, max_tokens, deadline, cancel)
+                return Completion(text, finish)
             # Streamed so a late answer (or close()) stops generating after the current token;
             # the answer is then judged late/cut off and the fallback applies.
             stream = self.llm.create_chat_completion(

@@ -1,6 +1,8 @@
 """AgentService: one model server per node, shared by every trainer on that node.
 
-It is llama-cpp-python's own OpenAI-compatible server (`python -m llama_cpp.server`), started as a
+It is rudder's own OpenAI-compatible server (`python -m rudder.agent.server`: llama.cpp through
+llama-cpp-python, sampling only the answer's choices), or llama-cpp-python's (`--server
+llama_cpp`: `python -m llama_cpp.server`), started as a
 subprocess in its own process group, bound only to the node's address (or loopback), ready when
 GET /v1/models answers (bounded wait), and stopped by its pid (TERM, then KILL). The trainers
 reach it through the http backend: the cluster exports RUDDER_AGENT_URL=<service url>.
@@ -42,12 +44,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8431
 # The per-node service of a study: its trainers take turns, so it keeps each one's state
-# (llama_cpp.server --cache; the size counts KV state only, ~12 kB a token for Qwen2.5-0.5B,
-# ~30 MB a state) with a small batch (each kept state also copies n_batch x n_vocab float
-# scores: 78 MB at 128 for Qwen's 151,936-token vocabulary, 311 MB at the default 512).
+# (rudder.agent.server --cache-mb, as llama_cpp.server --cache: KV state, ~12 kB a token for
+# Qwen2.5-0.5B, ~30 MB a state) with a small batch (llama_cpp.server's kept states also copy
+# n_batch x n_vocab float scores: 78 MB at 128 for Qwen's 151,936-token vocabulary, 311 MB at 512).
 NODE_CACHE_MB = 256
 NODE_N_BATCH = 128
 N_CTX = 4096  # as the inproc backend (decision.N_CTX)
+SERVERS = ("rudder", "llama_cpp")  # the model server a service runs (AgentService.argv)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -66,7 +69,7 @@ class AgentServiceError(RuntimeError):
 
 
 class AgentService:
-    """Starts/stops one llama_cpp.server; a context manager. `url` is what trainers use."""
+    """Starts/stops one model server (rudder.agent.server or llama_cpp.server); a context manager. `url` is what trainers use."""
 
     def __init__(self, model_path: str | Path, host: str = "127.0.0.1", port: int | None = None,
                  threads: int = 1, n_ctx: int = N_CTX, chat_format: str | None = None,
@@ -74,7 +77,12 @@ class AgentService:
                  model_alias: str | None = None, all_interfaces: bool = False,
                  cpus: list[int] | None = None, logits_all: bool = False,
                  cache_mb: int = 0, n_batch: int | None = None,
-                 threads_batch: int | None = None):
+                 threads_batch: int | None = None, server: str = "rudder"):
+        if server not in SERVERS:
+            raise ValueError(f"agent server {server!r}: one of {', '.join(SERVERS)}")
+        # rudder: rudder.agent.server (choice decoding: only the answer's choices are sampled,
+        # BENCHMARKS §5); llama_cpp: llama-cpp-python's own server (grammar, every token sampled)
+        self.server = server
         if host in ("0.0.0.0", "::", "") and not all_interfaces:
             raise ValueError("AgentService binds to one address (the node's or loopback), not all"
                              " (all_interfaces=True: the per-node service of a local study)")
@@ -110,6 +118,13 @@ class AgentService:
         return f"http://{host}:{self.port}"
 
     def argv(self) -> list[str]:
+        if self.server == "rudder":
+            cmd = [sys.executable, "-m", "rudder.agent.server", "--model", self.model_path,
+                   "--host", self.host, "--port", str(self.port), "--threads", str(self.threads),
+                   "--threads-batch", str(self.threads_batch), "--n-ctx", str(self.n_ctx),
+                   "--n-batch", str(self.n_batch or NODE_N_BATCH), "--cache-mb", str(self.cache_mb)]
+            cmd += ["--chat-format", self.chat_format] if self.chat_format else []
+            return cmd + (["--model-alias", self.model_alias] if self.model_alias else [])
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path,
                "--host", self.host, "--port", str(self.port), "--n_threads", str(self.threads),
                "--n_threads_batch", str(self.threads_batch), "--n_ctx", str(self.n_ctx),
@@ -253,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                     "state): trainers taking turns on the server resume from their own "
                     "(default 0: none)")
     ap.add_argument("--n-batch", type=int, default=None, help="the server's batch (default "
-                    f"{NODE_N_BATCH} with --cache-mb, else llama_cpp.server's)")
+                    f"{NODE_N_BATCH} with --cache-mb or --server rudder, else llama_cpp.server's)")
+    ap.add_argument("--server", choices=SERVERS, default="rudder", help="rudder: "
+                    "rudder.agent.server (choice decoding; default); llama_cpp: llama_cpp.server")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rudder.agent.models import resolve
@@ -265,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                        chat_format=args.chat_format, ready_timeout_s=args.ready_timeout,
                        log_path=args.log, model_alias=args.model,
                        all_interfaces=args.all_interfaces, cpus=cpus, cache_mb=args.cache_mb,
-                       n_batch=args.n_batch or (NODE_N_BATCH if args.cache_mb else None))
+                       n_batch=args.n_batch or (NODE_N_BATCH if args.cache_mb else None),
+                       server=args.server)
     done = threading.Event()
 
     def on_signal(*_) -> None:
