@@ -65,6 +65,8 @@ def buffer_state(buf, future: list[torch.Tensor], roll: bool = False) -> dict:
         return {}
     missing = buf.window_missing(future)
     out = {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
+           # what an evict=half round could take (rudder.prefetch.policy.EVICT_PERIODS)
+           "stale_half": buf.stale_count(0.5 * buf.period),
            "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
     if roll:
         out.update(buf.roll_misses())
