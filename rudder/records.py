@@ -232,7 +232,8 @@ class WindowRecord:
     missed_nodes: int = 0
     missed_again: int = 0
     missed_union: int = 0
-    # slots stale at half the period (what an evict=half round may take; the agent's knob)
+    # slots an evict=half round at the next minibatch may take (stale at half the period after
+    # that minibatch's decay, if not hit; rudder.prefetch.metrics.buffer_state)
     stale_half: int | None = _extra()
 
     def to_dict(self) -> dict[str, Any]:

@@ -196,3 +196,19 @@ def test_fixed_and_rule_take_the_knob(runs):
     assert reps and all(d["evict"] == "half" for d in reps)
     with pytest.raises(ValueError, match="evict"):
         simulate(trace, parse_policy("rule:0:1.0:misses:5", pc), extra={"evict": "oldest"})
+
+
+def test_stale_half_counts_what_a_half_round_at_the_next_minibatch_takes():
+    """The window's stale_half (buffer_state at the close) is the number of slots an evict=half
+    round at the next minibatch replaces when that minibatch hits none of them: at a cold start's
+    first close no slot is below (1-alpha)^(period/2) yet, but all are when the round runs."""
+    from rudder.prefetch.metrics import buffer_state
+
+    for closes in (2, 3, 4):  # minibatches before the close; period 4: half = 2
+        buf = HaloBuffer(torch.arange(40), 6, 0, alpha=0.5, period=4, store_features=False)
+        buf.fill(torch.arange(6))
+        for _ in range(closes):
+            finish_step(buf, begin_step(buf, torch.tensor([0, 30, 31, 32, 33, 34, 35, 36]), None))
+        told = buffer_state(buf, [])["stale_half"]
+        step = begin_step(buf, torch.tensor([30]), Replace("massivegnn", None, "t", stale_after=stale_after("half", 4)))
+        assert step.victims.numel() == told == 5, (closes, told)  # every slot but node 0's (hit)

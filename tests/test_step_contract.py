@@ -116,7 +116,7 @@ PINNED_PROMPTS = [
     (("zero-shot", "reason-first", "few-shot", "default", "free-reason", "signals"), 336,
      "0db09515992a01b8a2156198a0a48ffb2959ae74ffd5776c38f7ac4bdb126395"),
     (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
-    (("judge-history",), 56, "fcd4b41848779e465cbbe40c40ca7d7eb2ed22d03bf8e72d92830070cd6cd9bf"),
+    (("judge-history",), 56, "d94e6058f3034171049d1b7383fafc91956ce347ff1a3af6364f415cbd469187"),
 ]
 
 
