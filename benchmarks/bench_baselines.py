@@ -6,12 +6,15 @@
 
 Per scenario (configs/scenarios/*.yaml; partition 0's trace sampled from the config as `rudder
 tracegen` does, via bench_scenarios.make_trace; stationary_nolookahead replays stationary's trace):
-  grid        none, static, fixed:10/25/50/100 and, where the scenario samples ahead (depth D > 0),
+  grid        none, static, fixed:5/10/25/50/100 (history only also with evict=half: rounds that
+              count slots stale after period/2, the agent's `evict` knob held fixed) and, where
+              the scenario samples ahead (depth D > 0),
               lookahead at depth 1 and D x budget 0.05/0.2/1.0 x admit misses/any, each at the
               scenario's window; the best of them in hindsight (fixed-best) is the one with the
               fewest rows fetched, or the least modelled time where the scenario has a time model
   rule        the hand-written adaptive rule (rudder.agent.rule) at the scenario's knobs; history
-              only also with probe=true (a first round without a fall: `+probe`)
+              only also with probe=true (a first round without a fall: `+probe`), and with its
+              rounds counting stale at half the period (`+probe+half`, evict=half)
   classifier  (--classifier) trained here on the scenario's own trace (policy `collect`, 2 seeds,
               rows-cost labels), the best kind by CV replayed: in-sample, an upper bound
   belady      the demand-fetch optimum at the same capacity: halo only, and all remote nodes
@@ -40,16 +43,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule",
              "history_cold", "history_cold_small")
 SAME_TRACE = {"stationary_nolookahead": "stationary"}  # same stream; only the depth differs
-FIXED_PERIODS = (10, 25, 50, 100)
+FIXED_PERIODS = (5, 10, 25, 50, 100)  # 5: a round at every window close of the history_cold scenarios
 BUDGETS = (0.05, 0.2, 1.0)
 ADMITS = ("misses", "any")
 
 
 # ---- the core: the grid, the hindsight choice, the ratio table (tested) ---------------------
-def grid(depth: int) -> list[str]:
+def grid(depth: int, alpha: float | None = None) -> list[str]:
     """The fixed settings replayed for a scenario whose loader samples `depth` minibatches ahead
-    (0: history only, no lookahead setting is possible there)."""
+    (0: history only, no lookahead setting is possible there). alpha (the scenario's), history
+    only: each period also with evict=half (`fixed:PERIOD:ALPHA:half`), the agent's stale
+    threshold held fixed -- the fair baseline for a decider that chooses it."""
     g = ["none", "static", *(f"fixed:{k}" for k in FIXED_PERIODS)]
+    if depth == 0 and alpha is not None:
+        g += [f"fixed:{k}:{alpha}:half" for k in FIXED_PERIODS]
     for d in sorted({1, depth}) if depth > 0 else ():
         g += [f"lookahead:{d}:{b}:{a}" for b in BUDGETS for a in ADMITS]
     return g
@@ -112,11 +119,14 @@ def replay(trace, spec: str, pc, model=None, extra=None, src=None, wait=60.0) ->
         adm = sorted({str(d.get("admit")) for d in decs if d.get("replace") and d.get("admit")})
         if adm:
             s["note"] += ", admit " + "/".join(adm)
+        ev = [str(d.get("evict")) for d in decs if d.get("replace") and d.get("evict")]
+        if ev:
+            s["note"] += ", evict " + "/".join(f"{w} {ev.count(w)}" for w in sorted(set(ev)))
         lat = [d["latency_s"] for d in decs if d.get("latency_s")]
         if lat:
             s["note"] += f", {sum(lat) / len(lat):.1f} s/decision"
         if any(d.get("backend") not in (None, "rule", "classifier") for d in decs):  # the LLM's, for the record
-            s["answers"] = [{k: d.get(k) for k in ("window", "replace", "budget", "admit", "reason", "fallback")}
+            s["answers"] = [{k: d.get(k) for k in ("window", "replace", "budget", "admit", "evict", "reason", "fallback")}
                             for d in decs]
         fb = sum(bool(d.get("fallback")) for d in decs)
         if fb:
@@ -172,13 +182,14 @@ def run_scenario(name, cfg, trace, a, agents: dict) -> dict:
            "time_model": model is not None}
 
     def baselines(t, with_classifier: bool) -> tuple[dict, str]:
-        rows = {g: replay(t, g, pc, model) for g in grid(D)}
+        rows = {g: replay(t, g, pc, model) for g in grid(D, pc.alpha)}
         best = hindsight_best(rows, list(rows))
         for r in rules:
             rows[r] = replay(t, r, pc, model)
-        if D == 0:  # history only: the rule that tries a first round without a fall (rule.py, probe)
-            for r in rules:
+        if D == 0:  # history only: the rule that tries a first round without a fall (rule.py, probe),
+            for r in rules:  # and that with its rounds counting stale at half the period (evict)
                 rows[f"{r}+probe"] = replay(t, r, pc, model, extra={"probe": True})
+                rows[f"{r}+probe+half"] = replay(t, r, pc, model, extra={"probe": True, "evict": "half"})
         if with_classifier:
             t0 = time.time()
             kind, note = train_classifier(t, src, a.trace_dir / name / "cls")
@@ -199,11 +210,13 @@ def run_scenario(name, cfg, trace, a, agents: dict) -> dict:
     if agents:
         n = min(trace.num_minibatches, a.agent_windows * pc.window)
         head = trace.head(n)
-        rows = {g: replay(head, g, pc, model) for g in grid(D)}
+        rows = {g: replay(head, g, pc, model) for g in grid(D, pc.alpha)}
         best = hindsight_best(rows, list(rows))
         prefix = {best: rows[best], **{r: replay(head, r, pc, model) for r in rules}}
         if D == 0:
             prefix.update({f"{r}+probe": replay(head, r, pc, model, extra={"probe": True}) for r in rules})
+            prefix.update({f"{r}+probe+half": replay(head, r, pc, model, extra={"probe": True, "evict": "half"})
+                           for r in rules})
         print(f"# {name} ({n} minibatches): " + ", ".join(f"{k} {v['fetched_rows']:,}" for k, v in prefix.items()),
               flush=True)
         for label, extra in agents.items():

@@ -134,6 +134,10 @@ class PrefetchConfig(Strict):
     # lookahead admits only the current misses (no extra rows), or `any` node of the window
     # (pulls rows ahead of use: more hits, never fewer rows)
     admit: Literal["misses", "any"] = "misses"
+    # which slots a MassiveGNN round counts stale: `stale` = not hit for `period` minibatches
+    # (the mechanism's own), `half` = for period/2 (rudder.prefetch.policy.EVICT_PERIODS); the
+    # agent's judge-history answer may choose it per round
+    evict: Literal["stale", "half"] = "stale"
     window: int = Field(10, gt=0)  # minibatches per metrics window (agent, classifier)
     record_trace: bool = True  # remote-access trace for `rudder oracle` and `rudder sim`
     # What the buffer may hold: the 1-hop `halo`, or any `remote` id the trainer samples (2+ hops

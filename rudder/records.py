@@ -232,6 +232,9 @@ class WindowRecord:
     missed_nodes: int = 0
     missed_again: int = 0
     missed_union: int = 0
+    # slots an evict=half round at the next minibatch may take (stale at half the period after
+    # that minibatch's decay, if not hit; rudder.prefetch.metrics.buffer_state)
+    stale_half: int | None = _extra()
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)
@@ -274,6 +277,7 @@ class DecisionRecord:
     cf_replace_share: float | None = None  # rows replacing saves vs keeping / the horizon's remote rows
     correct_cf: bool | None = None  # the action was right by the counterfactual (rudder.agent.judge)
     admit: str | None = _extra()  # the round's admission where the decider chose it (rule)
+    evict: str | None = _extra()  # which slots a history-only round counted stale (evict word)
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

@@ -27,7 +27,10 @@ def tiny_trace(seed: int = 0, steps: int = 40) -> Trace:
 
 
 def test_grid_has_lookahead_only_where_the_loader_samples_ahead():
-    assert bb.grid(0) == ["none", "static", "fixed:10", "fixed:25", "fixed:50", "fixed:100"]
+    assert bb.grid(0) == ["none", "static", "fixed:5", "fixed:10", "fixed:25", "fixed:50", "fixed:100"]
+    # history only with the scenario's alpha: each period also with the agent's evict=half held fixed
+    assert bb.grid(0, 0.05)[7:] == [f"fixed:{k}:0.05:half" for k in bb.FIXED_PERIODS]
+    assert not any(s.endswith(":half") for s in bb.grid(8, 0.05))
     g = bb.grid(8)
     assert {s.split(":")[1] for s in g if s.startswith("lookahead")} == {"1", "8"}
     assert len([s for s in g if s.startswith("lookahead")]) == 2 * len(bb.BUDGETS) * len(bb.ADMITS)
@@ -58,7 +61,7 @@ def test_run_scenario_on_a_tiny_trace(scenario, tmp_path):
     a = argparse.Namespace(classifier=False, compute_s=0.01, agent_windows=2, trace_dir=tmp_path)
     out = bb.run_scenario(scenario, cfg, tiny_trace(), a, agents={})
     rows, best = out["rows"], out["best"]
-    fixed = bb.grid(cfg.prefetch.lookahead)
+    fixed = bb.grid(cfg.prefetch.lookahead, cfg.prefetch.alpha)
     assert best in fixed
     assert bb.cost(rows[best]) == min(bb.cost(rows[g]) for g in fixed)
     assert rows["none"]["fetched_rows"] == tiny_trace().num_accesses  # every access fetched
@@ -129,13 +132,19 @@ def test_counterfactual_greedy_ceiling_on_a_tiny_trace(tmp_path):
     t.parent.mkdir()
     tiny_trace(steps=30).save(t)
     pf = {"window": 5, "lookahead": 0, "period": 3}
-    out = oracle.greedy(t, tmp_path / "runs", ["small", "large"], pf)
-    assert len(out["answers"]) == len(out["shares"]) > 0
-    for (rep, budget), judged in zip(out["answers"], out["shares"]):
-        best = max(judged.values())
-        assert rep == (best > 0) and (not rep or judged[budget] == best)
-    recs, rows = oracle.scripted_run(t, tmp_path / "runs", out["answers"], "small", pf)
-    assert rows == out["fetched_rows"] and [r["replace"] for r in recs[:len(out["answers"])]] == [a[0] for a in out["answers"]]
+    for evicts in (None, ["stale", "half"]):
+        out = oracle.greedy(t, tmp_path / "runs", ["small", "large"], pf, evicts=evicts)
+        assert out["judged_by_agent_path"]  # the judge found each answer's share as the greedy did
+        assert len(out["answers"]) == len(out["shares"]) > 0
+        for (rep, budget, evict), judged in zip(out["answers"], out["shares"]):
+            best = max(judged.values())
+            assert rep == (best > 0) and (not rep or judged[f"{budget}/{evict}"] == best)
+            assert {k.split("/")[1] for k in judged} == set(evicts or ["stale"])
+        recs, rows = oracle.scripted_run(t, tmp_path / "runs", out["answers"], "small", pf)
+        assert rows == out["fetched_rows"] and [r["replace"] for r in recs[:len(out["answers"])]] == [a[0] for a in out["answers"]]
+        if evicts:  # more options: never worse at any judged window (each answer's best share)
+            assert [max(j.values()) for j in out["shares"]][:1] >= [max(j.values()) for j in base["shares"]][:1]
+        base = out
 
 
 def test_collect_run_with_a_maker_replays_its_answers(tmp_path):

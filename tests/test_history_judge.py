@@ -109,7 +109,12 @@ def test_history_judge_prefix_is_constant_and_its_examples_are_valid():
     assert [x["replace"] for x in answers] != [True, False, True, False]  # not an alternation to continue
     for x in answers:
         Answer.model_validate(x)
-        assert x["admit"] == "misses"  # no lookahead: admission does not apply
+        assert "admit" not in x  # no lookahead: admission does not apply; evict instead
+        assert list(x) == ["reason", "replace", "budget", "evict", "expected"]  # the schema's order
+    # both evict words shown: half where few slots are stale at the period but many at half of it
+    rep = {(x["evict"], e["window"]["stale_slots"] < e["window"]["stale_half"] // 4)
+           for x, e in zip(answers, JUDGE_HISTORY_CANNED) if x["replace"]}
+    assert rep == {("half", True), ("stale", False)}
     # the examples' windows are history-only: no lookahead fields, the set drift present
     for e in JUDGE_HISTORY_CANNED:
         assert "lookahead_missing" not in e["window"] and e["window"]["missed_union"] > 0

@@ -36,7 +36,7 @@ def test_buffer_state_counts_what_the_known_future_lacks():
     buf.fill(torch.tensor([0, 1, 2]))
     # future needs 1, 2 (buffered), 5, 6 (not), and 50 (not a halo node: never counted)
     s = buffer_state(buf, [torch.tensor([1, 5, 50]), torch.tensor([2, 5, 6])])
-    assert s == {"buffer_fill": 3, "stale_slots": 0, "lookahead_missing": 2, "lookahead_rows": 2}
+    assert s == {"buffer_fill": 3, "stale_slots": 0, "stale_half": 0, "lookahead_missing": 2, "lookahead_rows": 2}
     assert buffer_state(None, []) == {}
 
 

@@ -151,7 +151,8 @@ def test_records_windows_and_run_dir(tmp_path, trace):
     assert len(recs) == trace.num_minibatches
     assert set(MINIBATCH_FIELDS) <= set(recs[0])
     assert all(x["fetched_rows"] == x["misses"] + x["replaced_rows"] for x in recs)
-    assert r.windows and set(r.windows[0]) <= set(WINDOW_FIELDS)
+    # the columns, and the extras (stale_half: what the agent's evict=half would free)
+    assert r.windows and set(r.windows[0]) <= set(WINDOW_FIELDS) | {"stale_half"}
     assert r.windows[0]["buffer_fill"] == trace.capacity
     d = write_sim_run(tmp_path, [r], {"name": "src", "path": "x"})
     meta = json.loads((d / "run.json").read_text())

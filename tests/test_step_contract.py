@@ -109,12 +109,14 @@ def test_replays_are_unchanged(policy):
 # examples kept beside the run's own); before: 3f0f4b8c... and ea4a131e... The judge pin re-taken
 # again at the merge with h18 (its fetched-rows trend, remote rows' drift and round cost).
 # `judge-history` (h18b: history-only canned examples, the misses' set drift) pinned apart when
-# it was added; the seven earlier variants' pins untouched.
+# it was added; the seven earlier variants' pins untouched. Re-pinned for h18c (evict instead of
+# admit, the slots stale at half the period, examples re-taken from a judged example run with
+# both evict words); before: d8a2469c...
 PINNED_PROMPTS = [
     (("zero-shot", "reason-first", "few-shot", "default", "free-reason", "signals"), 336,
      "0db09515992a01b8a2156198a0a48ffb2959ae74ffd5776c38f7ac4bdb126395"),
     (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
-    (("judge-history",), 56, "d8a2469cb8519526a32ad8dedb7af8ee087583af3ef7dd72302f0c98c870e72f"),
+    (("judge-history",), 56, "d94e6058f3034171049d1b7383fafc91956ce347ff1a3af6364f415cbd469187"),
 ]
 
 

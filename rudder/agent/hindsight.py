@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from rudder.agent.judge import KEEP_MARGIN, REPLACE_MARGIN, agrees, hindsight_label  # noqa: F401 (re-exported)
 from rudder.agent.messages import Decision, budget_rows
-from rudder.agent.steering import Regime
+from rudder.agent.steering import Regime, make_round
 from rudder.prefetch.policy import budget_rows as share_rows
 from rudder.prefetch.policy import Policy, Replace, StepInfo, mechanism_for
 from rudder.records import read_jsonl, read_run
@@ -168,9 +168,10 @@ class RecordedActions(Policy):
     bad or late one)."""
 
     def __init__(self, decisions: list[dict], mech: str, budget: Any, capacity: int, admit: str,
-                 fallback: Policy | None, steps: int):
+                 fallback: Policy | None, steps: int, evict: str = "stale", period: int = 25):
         self.applied = {int(d["applied_step"]): d for d in decisions if d.get("applied_step") is not None}
         self.mech, self.budget, self.capacity, self.admit = mech, budget, capacity, admit
+        self.evict, self.period = evict, period
         self.fallback, self.steps = fallback, steps
         self.regime = Regime()
         self.in_fallback = fallback is not None  # until the first answer (AgentPolicy)
@@ -181,8 +182,9 @@ class RecordedActions(Policy):
             d = self.applied[g]
             self.in_fallback = bool(d.get("fallback")) and self.fallback is not None
             replace = d.get("replace") and not d.get("fallback")
-            plan = self.regime.apply(Replace(self.mech, _rows(d.get("budget") or self.budget, self.capacity),
-                                             "replay", d.get("admit") or self.admit) if replace else None)
+            plan = self.regime.apply(make_round(self.mech, _rows(d.get("budget") or self.budget, self.capacity),
+                                                "replay", d.get("admit") or self.admit,
+                                                d.get("evict") or self.evict, self.period) if replace else None)
         else:
             plan = self.regime.standing
         if self.in_fallback:
@@ -193,16 +195,18 @@ class RecordedActions(Policy):
 class Branch(Policy):
     """One branch from a fork at minibatch `first`: keep (no round), or replace as a replace
     decision would (a lookahead round on each minibatch of the next window; without lookahead
-    one MassiveGNN round at its first minibatch); no round after that window."""
+    one MassiveGNN round at its first minibatch, counting stale as `evict` says); no round
+    after that window."""
 
-    def __init__(self, replace: bool, first: int, window: int, mech: str, rows: int, admit: str):
+    def __init__(self, replace: bool, first: int, window: int, mech: str, rows: int, admit: str,
+                 evict: str = "stale", period: int = 25):
         self.replace, self.first, self.window = replace, first, window
-        self.mech, self.rows, self.admit = mech, rows, admit
+        self.round = make_round(mech, rows, "counterfactual", admit, evict, period)
 
     def plan(self, step: StepInfo) -> Replace | None:
         k = step.global_step - self.first
-        if self.replace and k < self.window and (self.mech == "lookahead" or k == 0):
-            return Replace(self.mech, self.rows, "counterfactual", self.admit)
+        if self.replace and k < self.window and (self.round.mechanism == "lookahead" or k == 0):
+            return self.round
         return None
 
 
@@ -219,6 +223,7 @@ class _Forks:
         self.run_dir, self.rank, self.horizon, self.C = run_dir, rank, horizon, C
         self.mech = mechanism_for(ctx.depth)
         self.admit = getattr(pc, "admit", "misses")
+        self.evict, self.period = getattr(pc, "evict", "stale"), pc.period
         self.decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
         # the replace branch's budget where a decision names none (a keep): the run's replace budget
         self.budget = next((d["budget"] for d in self.decisions if d.get("replace") and d.get("budget")),
@@ -228,7 +233,7 @@ class _Forks:
         self.S, self.W = trace.num_minibatches, pc.window
         self.pt = PositionTrace(trace)
         actions = RecordedActions(self.decisions, self.mech, self.budget, C, self.admit,
-                                  _fallback_policy(run_dir, ctx, pc), self.S)
+                                  _fallback_policy(run_dir, ctx, pc), self.S, self.evict, self.period)
         self.run = BufferReplayer(self.pt, actions, C, alpha=pc.alpha, period=pc.period, depth=depth,
                                   window=self.W, records=False)
         self.run.fill(trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64))
@@ -237,17 +242,18 @@ class _Forks:
         """Whether `horizon` windows from minibatch `first` lie within the run."""
         return 0 <= first and first + self.horizon * self.W <= self.S
 
-    def branches(self, first: int, rows: int, admit: str | None = None) -> dict:
+    def branches(self, first: int, rows: int, admit: str | None = None, evict: str | None = None) -> dict:
         """{"replace"|"keep": (hits, replaced_rows, remote_rows)} over the horizon from `first`,
         both forked from the run's buffer as it stands before minibatch `first` (the replace
-        branch admits as `admit`, default the run's)."""
+        branch admits as `admit` and counts stale as `evict`, defaults the run's)."""
         from rudder.sim.replay import replay
 
         assert self.run.g == first, (self.run.g, first)
         span = slice(first, first + self.horizon * self.W)
         res = {}
         for branch in ("replace", "keep"):
-            b = self.run.fork(Branch(branch == "replace", first, self.W, self.mech, rows, admit or self.admit))
+            b = self.run.fork(Branch(branch == "replace", first, self.W, self.mech, rows, admit or self.admit,
+                                     evict or self.evict, self.period))
             n = replay(self.pt, b, stop=span.stop)
             res[branch] = tuple(int(n[k][span].sum()) for k in ("hits", "replaced_rows", "remote_rows"))
         return res
@@ -319,7 +325,7 @@ def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -
         def judge(first: int, todo: list[dict]) -> None:
             for d in todo:
                 rows = _rows(d.get("budget") or f.budget, f.C)
-                cf = _gain(f.branches(first, rows, d.get("admit")), rows)
+                cf = _gain(f.branches(first, rows, d.get("admit"), d.get("evict")), rows)
                 saved = cf["gain"] if d["replace"] else -cf["gain"]
                 d.update(cf_rows_saved=int(saved), cf_replace_share=round(cf["share"], 6),
                          correct_cf=counterfactual(d["replace"], d.get("fallback"), cf["share"]))

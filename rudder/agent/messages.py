@@ -22,6 +22,12 @@ Budget = Literal["small", "medium", "large"]
 # node the sampled-ahead minibatches need (rows pulled ahead of use: link time now, misses saved
 # later). The `judge` prompt variant lets the model choose it; the others leave it to the config.
 Admit = Literal["misses", "any"]
+# Which slots a history-only (MassiveGNN) round counts stale: `stale` = not hit for
+# prefetch.period minibatches (the mechanism's own), `half` = for half as long (more slots free).
+# The `judge-history` prompt variant lets the model choose it per round (issue 18's "which
+# slots"); the others leave it to prefetch.evict. Multiples: rudder.prefetch.policy.EVICT_PERIODS.
+Evict = Literal["stale", "half"]
+EVICT_WORDS = ("stale", "half")
 
 # Share of buffer capacity one replacement round may change, per budget word. With lookahead and
 # demand admission a round adds no network rows and costs about the same time whatever it swaps
@@ -79,6 +85,8 @@ class Answer(BaseModel):
     budget: Budget = Field(description="how many rows the round may change")
     admit: Admit | None = Field(None, description="rows a lookahead round admits (judge variant); "
                                 "None = the config's prefetch.admit")
+    evict: Evict | None = Field(None, description="which slots a history-only round counts stale "
+                                "(judge-history variant); None = the config's prefetch.evict")
     expected: Expected
 
     @model_validator(mode="after")
@@ -97,7 +105,7 @@ EVIDENCE_PATTERN = EVIDENCE_TREND + EVIDENCE_LOOKAHEAD
 
 
 def answer_schema(reason_first: bool = True, evidence_reason: bool = False, measured: bool = True,
-                  admission: bool = False) -> dict[str, Any]:
+                  admission: bool = False, staleness: bool = False) -> dict[str, Any]:
     """JSON schema of Answer, properties in generation order (llama.cpp's grammar follows it).
     reason_first lets the model write its reasoning before it commits to the decision.
     Two alternatives, one per decision: the reason's closing words fix `replace` (reason first),
@@ -106,13 +114,17 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
     end with the conclusion: a small model then cannot drift into copying other prompt text.
     measured=False (the start decision: no window has closed): the evidence has no hit rate, so
     the model cannot state a trend it has not seen.
-    admission: the answer also chooses `admit` (misses|any), after the budget."""
+    admission: the answer also chooses `admit` (misses|any), after the budget.
+    staleness: the answer also chooses `evict` (stale|half: which slots a history-only round
+    may take), after the budget (and admit)."""
     direction = {"type": "string", "enum": ["up", "down", "flat"]}
     order = ["reason", "replace", "budget", "expected"]
     if not reason_first:
         order = ["replace", "budget", "expected", "reason"]
     if admission:
         order.insert(order.index("budget") + 1, "admit")
+    if staleness:
+        order.insert(order.index("expected"), "evict")
     # the evidence form, or any short text without quotes, backslashes or line breaks (nothing
     # JSON must escape); then the conclusion
     evidence = EVIDENCE_PATTERN if measured else EVIDENCE_LOOKAHEAD
@@ -124,6 +136,7 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
             "replace": {"type": "boolean", "const": replace},
             "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
             "admit": {"type": "string", "enum": ["misses", "any"]},
+            "evict": {"type": "string", "enum": list(EVICT_WORDS)},
             "expected": {
                 "type": "object",
                 "properties": {"hit_rate": direction, "remote_rows": direction},
@@ -156,6 +169,7 @@ class Decision(BaseModel):
     replace: bool = False
     budget: Budget | None = None
     admit: Admit | None = Field(None, description="the answer's admission (None: the config's)")
+    evict: Evict | None = Field(None, description="the answer's stale threshold word (None: the config's)")
     expected_hit_rate: Direction | None = None
     expected_remote_rows: Direction | None = None
     reason: str = ""
@@ -176,7 +190,8 @@ class Decision(BaseModel):
 
     @classmethod
     def from_answer(cls, ans: Answer, **kw) -> "Decision":
-        return cls(replace=ans.replace, budget=ans.budget, admit=ans.admit, expected_hit_rate=ans.expected.hit_rate,
+        return cls(replace=ans.replace, budget=ans.budget, admit=ans.admit, evict=ans.evict,
+                   expected_hit_rate=ans.expected.hit_rate,
                    expected_remote_rows=ans.expected.remote_rows, reason=ans.reason, **kw)
 
     def to_record(self) -> dict[str, Any]:
@@ -184,6 +199,8 @@ class Decision(BaseModel):
         rec = {k: d[k] for k in DECISION_FIELDS}
         if self.admit is not None:  # not a column: the results store keeps it in `extra`
             rec["admit"] = self.admit
+        if self.evict is not None:  # the same (DecisionRecord.evict, an extra)
+            rec["evict"] = self.evict
         return rec
 
     def admission(self, default: str) -> str:
@@ -200,6 +217,7 @@ class HistoryEntry(BaseModel):
     replace: bool = False
     budget: Budget | None = None
     admit: Admit | None = None
+    evict: Evict | None = None
     rows: int | None = Field(None, description="rows the budget allowed")
     expected_hit_rate: Direction | None = None
     expected_remote_rows: Direction | None = None

@@ -266,13 +266,13 @@ class LLMDecider(Decider):
                 return out
             rows = budget_rows(d.budget, self.steer.ctx.capacity) if d.budget else 0
             # the answer's admission (judge prompt), else prefetch.admit as the lookahead policy's
-            out.append(Verdict(self._record(d), point, rows, f"agent#{d.decision}", d.admit))
+            out.append(Verdict(self._record(d), point, rows, f"agent#{d.decision}", d.admit, evict=d.evict))
 
     def applied(self, v: Verdict) -> None:
         d = v.record
         v.memo = entry = HistoryEntry(
             decision=d.decision, window=d.window, replace=d.replace, budget=d.budget, admit=d.admit,
-            rows=v.rows or None, expected_hit_rate=d.expected_hit_rate,
+            evict=d.evict, rows=v.rows or None, expected_hit_rate=d.expected_hit_rate,
             expected_remote_rows=d.expected_remote_rows, fallback=d.fallback, staleness=d.staleness,
             judged=v.point.raw)
         with self._lock:

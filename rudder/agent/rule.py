@@ -22,6 +22,10 @@ MassiveGNN round.
            round although no hit rate fell -- a buffer that starts cold (a random initial fill)
            never shows a fall, so without a first round the rule never learns whether rounds
            pay; the catch-up above then goes on while they do
+    evict  (`rule` extra evict=...) which slots its rounds count stale: the config's
+           prefetch.evict (None, the default), `stale` or `half` at every round, or `catchup`:
+           half for the probe and for rounds that go on while each lifts the hit rate (the buffer
+           still holds cold rows: free more of them), stale for a round after a fall
 
 Judged as the classifiers are (the action paid for itself within one window: LabelRule).
 """
@@ -37,6 +41,7 @@ from rudder.agent.windows import DecisionPoint
 from rudder.config import PrefetchConfig
 
 DROP = 0.02  # hit-rate fall (fraction units) below the best since the last round: buy it back
+EVICT_MODES = (None, "stale", "half", "catchup")  # the rule's `evict` extra (module docstring)
 
 
 def link_slack(window: dict) -> bool | None:
@@ -52,11 +57,15 @@ class RuleDecider(Decider):
     label = "rule"
     backend = "rule"
 
-    def __init__(self, *, drop: float = DROP, rule: LabelRule | None = None, probe: bool = False):
+    def __init__(self, *, drop: float = DROP, rule: LabelRule | None = None, probe: bool = False,
+                 evict: str | None = None):
         if not 0 < drop <= 1:
             raise ValueError(f"rule: drop (a hit-rate fall, 0..1) must be in (0, 1], got {drop}")
+        if evict not in EVICT_MODES:
+            raise ValueError(f"rule: unknown evict {evict!r}; valid: {', '.join(map(str, EVICT_MODES))}")
         super().__init__(rule)
         self.drop = drop
+        self.evict = evict
         self._probe = bool(probe)  # a first round not yet tried (history only)
         self._best: float | None = None  # best hit rate since the reference was set
         self._round_at: float | None = None  # hit rate when the last round was decided
@@ -71,10 +80,12 @@ class RuleDecider(Decider):
     def decide(self, point: DecisionPoint) -> Verdict:
         if self.steer.mechanism == "lookahead":
             replace, why, admit = self._lookahead(point)
+            evict = None
         else:
-            replace, why, admit = self._history_only(point)
+            replace, why, admit, evict = self._history_only(point)
+        raw = {"replace": replace, "admit": admit, **({"evict": evict} if evict else {})}
         return self.verdict(point, replace, reason=f"{why}: {'replace' if replace else 'keep'}",
-                            raw=json.dumps({"replace": replace, "admit": admit}), admit=admit)
+                            raw=json.dumps(raw), admit=admit, evict=evict)
 
     def _lookahead(self, point: DecisionPoint) -> tuple[bool, str, str]:
         slack = link_slack(point.raw)
@@ -82,12 +93,16 @@ class RuleDecider(Decider):
         link = {None: "untimed", True: "fetch < compute", False: "fetch >= compute"}[slack]
         return self.steer.max_rows > 0, f"lookahead on, {link}, admit {admit}", admit
 
-    def _history_only(self, point: DecisionPoint) -> tuple[bool, str, None]:
+    def _history_only(self, point: DecisionPoint) -> tuple[bool, str, None, str | None]:
         s = point.stats
+        half = int(point.raw.get("stale_half") or 0)  # slots an evict=half round may take
         can = s.stale_slots > 0 and self.steer.max_rows > 0  # a round would swap something
+        if self.evict in ("half", "catchup"):
+            can = max(s.stale_slots, half) > 0 and self.steer.max_rows > 0
+        catchup = False
         if self._round_at is not None:  # the window after a round: did it help?
             lift, self._round_at = s.hit_rate - self._round_at, None
-            replace = lift >= self.drop / 2 and can
+            replace = catchup = lift >= self.drop / 2 and can
             why = f"the last round lifted the hit rate {100 * lift:+.1f} pt, {s.stale_slots} stale"
             if not replace:
                 self._best = s.hit_rate  # it did not: a new reference
@@ -98,24 +113,31 @@ class RuleDecider(Decider):
             why = (f"hit rate {100 * s.hit_rate:.1f}%, {100 * fell:.1f} pt below its best "
                    f"{100 * best:.1f}%, {s.stale_slots} stale")
             if self._probe and can and not replace:
-                replace, why = True, why + ", a first round to try"
+                replace, catchup, why = True, True, why + ", a first round to try"
         if replace:
             self._probe = False
             self._round_at, self._best = s.hit_rate, None
-        return replace, why, None
+        evict = self.evict
+        if evict == "catchup":
+            evict = "half" if catchup else "stale"
+        if replace and evict:
+            why += f", evict {evict}"
+        return replace, why, None, evict if replace else None
 
 
 class RulePolicy(Steering):
     """`rule`: the steering skeleton with the hand-written RuleDecider.
 
     knobs (`rudder sim` rule:LOOKAHEAD:BUDGET:ADMIT:WINDOW): lookahead 0 = history only.
-    extra: drop (the rule's threshold), probe (a first round without a fall), margin and cost
-    (the LabelRule that fills `correct`);
+    extra: drop (the rule's threshold), probe (a first round without a fall), evict (which
+    slots its rounds count stale: None, stale, half, catchup), margin and cost (the LabelRule
+    that fills `correct`);
     agent= and other keys are ignored."""
 
     name = "rule"
     knobs = ("lookahead", "budget", "admit", "window")
 
     def __init__(self, cfg: PrefetchConfig, *, drop: float = DROP, margin: float = 0.01,
-                 cost: str = "time", probe: bool = False, **_ignored: Any):
-        super().__init__(cfg, RuleDecider(drop=drop, rule=LabelRule(margin=margin, cost=cost), probe=probe))
+                 cost: str = "time", probe: bool = False, evict: str | None = None, **_ignored: Any):
+        super().__init__(cfg, RuleDecider(drop=drop, rule=LabelRule(margin=margin, cost=cost), probe=probe,
+                                          evict=evict))

@@ -37,12 +37,20 @@ from typing import Any, Callable
 
 from rudder.agent.judge import LabelRule, reflect
 from rudder.agent.windows import DecisionPoint, WindowAccumulator, WindowStats
-from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, budget_rows, mechanism_for
+from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, budget_rows, mechanism_for, stale_after
 from rudder.records import DecisionRecord, outcome_fields
 
 log = logging.getLogger(__name__)
 
 RECENT_WINDOWS = 3  # earlier windows kept for the hit-rate trend
+
+
+def make_round(mechanism: str, rows: int | None, source: str, admit: str, evict: str | None,
+               period: int) -> Replace:
+    """A decision's round: the `evict` word sets a MassiveGNN round's stale threshold
+    (rudder.prefetch.policy.EVICT_PERIODS x period); a lookahead round ignores it."""
+    sa = stale_after(evict, period) if mechanism == "massivegnn" else None
+    return Replace(mechanism, rows, source, admit, sa)
 
 
 class Regime:
@@ -71,6 +79,7 @@ class Verdict:
     source: str = ""  # the Replace's source ("agent#3", "collect", ...)
     admit: str | None = None  # the round's admission; None: prefetch.admit
     memo: Any = None  # the decider's own (features, a history entry)
+    evict: str | None = None  # which slots a history-only round counts stale; None: prefetch.evict
 
 
 class Decider:
@@ -117,16 +126,16 @@ class Decider:
 
     def verdict(self, point: DecisionPoint, replace: bool, *, raw: str | None = None,
                 reason: str | None = None, latency_s: float = 0.0, admit: str | None = None,
-                memo: Any = None) -> Verdict:
+                memo: Any = None, evict: str | None = None) -> Verdict:
         """A synchronous decider's answer: a replace round of prefetch.budget."""
         s, budget = point.stats, self.steer.cfg.budget
         window, last = (s.window, s.last_step) if s is not None else (point.index, point.last_step)
         rec = DecisionRecord(
             decision=self._count, window=window, decided_step=last, policy=self.label,
             model=self.model_label, backend=self.backend, raw=raw, replace=bool(replace),
-            budget=budget if replace else 0.0, reason=reason, latency_s=latency_s, admit=admit)
+            budget=budget if replace else 0.0, reason=reason, latency_s=latency_s, admit=admit, evict=evict)
         self._count += 1
-        return Verdict(rec, point, self.steer.max_rows if replace else 0, self.label, admit, memo)
+        return Verdict(rec, point, self.steer.max_rows if replace else 0, self.label, admit, memo, evict)
 
     def applied(self, v: Verdict) -> None:
         """Hook: `v` was applied at v.record.applied_step."""
@@ -219,7 +228,7 @@ class Steering(Policy):
             self._open.append(v)
         if not (rec.replace and v.rows > 0):
             return None
-        return self._regime.apply(Replace(self.mechanism, v.rows, v.source, v.admit or self.cfg.admit))
+        return self._regime.apply(self.round(v.rows, v.source, v.admit, v.evict))
 
     def decisions(self) -> list[dict]:
         with self._lock:
@@ -234,6 +243,13 @@ class Steering(Policy):
                 self._done.append(v.record.to_dict())
             self._open = []
         self._regime.end()
+
+    def round(self, rows: int, source: str, admit: str | None, evict: str | None) -> Replace:
+        """The round a replace decision runs: the run's mechanism, `rows` at most, admitting as
+        `admit` (lookahead; None: prefetch.admit) and counting stale as `evict` (MassiveGNN;
+        None: prefetch.evict). The hindsight replay (rudder.agent.hindsight) builds the same."""
+        return make_round(self.mechanism, rows, source, admit or self.cfg.admit,
+                          evict or getattr(self.cfg, "evict", "stale"), self.cfg.period)
 
     # ---- internals --------------------------------------------------------------------------
     def finish(self, rec: DecisionRecord) -> None:
@@ -283,5 +299,5 @@ class Steering(Policy):
         fb = self.decider.fallback
         r = fb.plan(step) if fb is not None else None
         if r is not None:
-            r = Replace(r.mechanism, r.max_rows, f"fallback:{fb.name}")
+            r = Replace(r.mechanism, r.max_rows, f"fallback:{fb.name}", stale_after=r.stale_after)
         return r

@@ -81,6 +81,7 @@ class HaloBuffer:
                              f"{'halo size' if universe == 'halo' else 'remote index max_nodes'})")
         self.capacity = int(capacity)
         self.decay = 1.0 - alpha
+        self.period = period
         self.threshold = self.decay**period
         self.slot_of = torch.full((H,), -1, dtype=torch.int64)
         self.slot_pos = torch.full((capacity,), -1, dtype=torch.int64)
@@ -286,10 +287,16 @@ class HaloBuffer:
         self.missed_before, self.missed = now, before.zero_()
         return out
 
-    def stale_slots(self) -> torch.Tensor:
-        """Filled slots whose score fell below (1-alpha)^period, lowest score first; then empties."""
+    def stale_threshold(self, stale_after: float | None = None) -> float:
+        """The score below which a filled slot is stale: (1-alpha)^period, or for one round
+        (1-alpha)^stale_after (minibatches without a hit; the agent's `evict` knob)."""
+        return self.threshold if stale_after is None else self.decay ** float(stale_after)
+
+    def stale_slots(self, stale_after: float | None = None) -> torch.Tensor:
+        """Filled slots whose score fell below (1-alpha)^period (or ^stale_after), lowest score
+        first; then empties."""
         filled = self.slot_pos >= 0
-        stale = torch.nonzero(filled & (self.score < self.threshold)).flatten()
+        stale = torch.nonzero(filled & (self.score < self.stale_threshold(stale_after))).flatten()
         stale = stale[torch.argsort(self.score[stale], stable=True)]
         empty = torch.nonzero(~filled).flatten()
         return torch.cat([empty, stale])
@@ -337,16 +344,20 @@ class HaloBuffer:
         hit, _ = self.lookup(ids[is_halo])
         return int((~hit).sum())
 
-    def stale_count(self) -> int:
+    def stale_count(self, stale_after: float | None = None) -> int:
+        threshold = self.stale_threshold(stale_after)
         k = jit.kernels()
         if k is not None:
-            return int(k.fill_counts(self._views()[1], self._views()[2], self.threshold)[1])
-        return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < self.threshold)))
+            return int(k.fill_counts(self._views()[1], self._views()[2], threshold)[1])
+        return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
-    def plan_massivegnn(self, max_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stale slots <- most-missed non-buffered halo nodes, as many as both lists allow."""
-        victims = self.stale_slots()
+    def plan_massivegnn(self, max_rows: int | None = None,
+                        stale_after: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stale slots <- most-missed non-buffered halo nodes, as many as both lists allow.
+        stale_after: this round counts slots stale after that many minibatches without a hit
+        (threshold (1-alpha)^stale_after) instead of `period`; the rule is otherwise the same."""
+        victims = self.stale_slots(stale_after)
         cand_mask = (self.slot_of < 0) & (self.miss_count > 0)
         cand = torch.nonzero(cand_mask).flatten()
         n = min(victims.numel(), cand.numel(), max_rows if max_rows is not None else 1 << 62)

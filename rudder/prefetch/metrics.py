@@ -65,6 +65,12 @@ def buffer_state(buf, future: list[torch.Tensor], roll: bool = False) -> dict:
         return {}
     missing = buf.window_missing(future)
     out = {"buffer_fill": buf.size, "stale_slots": buf.stale_count(),
+           # what an evict=half round at the next minibatch may take: slots stale at half the
+           # period after that minibatch's decay, if not hit in it (rudder.prefetch.policy.
+           # EVICT_PERIODS). Counted at the close (period/2 - 1) since a round applies after one
+           # more decay: at a cold start's first window close (5 minibatches, period 10) no slot
+           # is below (1-alpha)^5 yet, but every one not hit since the fill is when the round runs
+           "stale_half": buf.stale_count(0.5 * buf.period - 1),
            "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
     if roll:
         out.update(buf.roll_misses())

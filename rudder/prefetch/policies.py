@@ -16,7 +16,7 @@ import importlib
 from typing import Callable
 
 from rudder.config import LOOKAHEAD_POLICIES, POLICY_NAMES, PrefetchConfig, check_policy_name  # noqa: F401 (re-exported)
-from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, budget_rows
+from rudder.prefetch.policy import Policy, Replace, RunContext, StepInfo, budget_rows, stale_after
 
 
 class NoBufferPolicy(Policy):
@@ -30,17 +30,19 @@ class StaticPolicy(Policy):
 
 class FixedPeriodPolicy(Policy):
     """MassiveGNN: replace every `period` minibatches. The reference does not count misses on a
-    minibatch in which it replaces; the mechanism honours that (HaloBuffer.record)."""
+    minibatch in which it replaces; the mechanism honours that (HaloBuffer.record).
+    evict (prefetch.evict): which slots its rounds count stale (`half`: not hit for period/2)."""
 
     name = "fixed"
-    knobs = ("period", "alpha")
+    knobs = ("period", "alpha", "evict")
 
     def __init__(self, cfg: PrefetchConfig):
         self.period = cfg.period
+        self.stale_after = stale_after(cfg.evict, cfg.period)
 
     def plan(self, step: StepInfo) -> Replace | None:
         if step.global_step > 0 and step.global_step % self.period == 0:
-            return Replace("massivegnn", None, self.name)
+            return Replace("massivegnn", None, self.name, stale_after=self.stale_after)
         return None
 
 

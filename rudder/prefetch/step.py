@@ -56,7 +56,7 @@ def begin_step(
     victims = newcomers = extra = torch.empty(0, dtype=torch.int64)
     if plan is not None:
         if plan.mechanism == "massivegnn":
-            victims, newcomers = buffer.plan_massivegnn(plan.max_rows)
+            victims, newcomers = buffer.plan_massivegnn(plan.max_rows, plan.stale_after)
         elif plan.mechanism == "lookahead":
             victims, newcomers = buffer.plan_lookahead(list(future), plan.max_rows, missed_pos, plan.admit)
         else:
