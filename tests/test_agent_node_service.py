@@ -100,9 +100,16 @@ def test_started_once_reused_then_stopped(tmp_path):
         assert cmd[cmd.index(b"--cache-mb") + 1] == str(NODE_CACHE_MB).encode()
         assert cmd[cmd.index(b"--n-batch") + 1] == str(NODE_N_BATCH).encode()
         assert first["turn_file"] == str(tmp_path / f"{first['node']}.turn")
-        tasks = [int(t) for t in os.listdir(f"/proc/{server[0]}/task")]
-        assert len(tasks) > 1  # llama.cpp's and the HTTP server's threads, started after the pinning
-        assert {t: os.sched_getaffinity(t) for t in tasks} == {t: {core} for t in tasks}
+        # every thread of it on that core (rudder.agent.server with one llama.cpp thread may be a
+        # single thread between requests; a request's thread comes from a pinned one); a request
+        # thread that ended while we looked is skipped
+        affinity = {}
+        for t in map(int, os.listdir(f"/proc/{server[0]}/task")):
+            try:
+                affinity[t] = os.sched_getaffinity(t)
+            except ProcessLookupError:
+                pass
+        assert affinity and all(a == {core} for a in affinity.values()), affinity
         # bound to every interface: reachable at a non-loopback address of this host too
         import socket
 
