@@ -189,33 +189,34 @@ class HaloBuffer:
     def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(is_halo, halo position, slot or -1) for each id: one search serves lookup and record.
         A minibatch that an earlier lookahead round saw ahead is not searched again (memo)."""
-        hit = self._memo(ids)
-        is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
-        if self.index is not None:
-            self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
+        is_halo, pos = self._positions(ids)
         slots = self.slot_of.numpy().take(pos.numpy())
         slots[~is_halo.numpy()] = -1
         return is_halo, pos, torch.from_numpy(slots)
 
-    def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """`locate` and the hit/miss split of one minibatch (unique ids): (is_halo, halo position,
-        hit mask, hit slots, miss ids, missed halo positions), the last four in id order."""
+    def _positions(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(is_halo, halo position) of each id, from the memo or a search; with a remote index
+        the minibatch's positions are pinned until the next minibatch."""
         hit = self._memo(ids)
         is_halo, pos = (hit[1], hit[2]) if hit is not None else self.halo_positions(ids)
         if self.index is not None:
-            self._held = pos.masked_select(is_halo)  # pinned until the next minibatch
+            self._held = pos.masked_select(is_halo)
+        return is_halo, pos
+
+    def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`locate` and the hit/miss split of one minibatch (unique ids): (is_halo, halo position,
+        hit mask, hit slots, miss ids, missed halo positions), the last four in id order."""
         k = jit.kernels()
         if k is not None:  # one compiled pass instead of ~8 numpy ones (the same selections)
+            is_halo, pos = self._positions(ids)
             parts = k.split(self._views()[0], is_halo.numpy(), pos.numpy(), ids.numpy())
             return (is_halo, pos, *(torch.from_numpy(t) for t in parts))
-        # numpy on the tensors' memory (CPU: the index's side): the same selections, less dispatch
-        sl = self.slot_of.numpy().take(pos.numpy())
-        halo = is_halo.numpy()
-        sl[~halo] = -1
+        is_halo, pos, slots = self.locate(ids)
+        sl = slots.numpy()
         hit = sl >= 0
         miss = ~hit
         return (is_halo, pos, torch.from_numpy(hit), torch.from_numpy(sl[hit]),
-                torch.from_numpy(ids.numpy()[miss]), torch.from_numpy(pos.numpy()[halo & miss]))
+                torch.from_numpy(ids.numpy()[miss]), torch.from_numpy(pos.numpy()[is_halo.numpy() & miss]))
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies rows out, on the buffer's device: the caller's tensor never aliases the buffer
