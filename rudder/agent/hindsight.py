@@ -222,8 +222,8 @@ class _Forks:
         trace, pc, C, start, ctx, depth = _sim_inputs(run_dir, rank)
         self.run_dir, self.rank, self.horizon, self.C = run_dir, rank, horizon, C
         self.mech = mechanism_for(ctx.depth)
-        self.admit = getattr(pc, "admit", "misses")
-        self.evict, self.period = getattr(pc, "evict", "stale"), pc.period
+        self.admit = pc.admit
+        self.evict, self.period = pc.evict, pc.period
         self.decisions = read_jsonl(run_dir / f"decisions-r{rank}.jsonl")
         # the replace branch's budget where a decision names none (a keep): the run's replace budget
         self.budget = next((d["budget"] for d in self.decisions if d.get("replace") and d.get("budget")),

@@ -249,7 +249,7 @@ class Steering(Policy):
         `admit` (lookahead; None: prefetch.admit) and counting stale as `evict` (MassiveGNN;
         None: prefetch.evict). The hindsight replay (rudder.agent.hindsight) builds the same."""
         return make_round(self.mechanism, rows, source, admit or self.cfg.admit,
-                          evict or getattr(self.cfg, "evict", "stale"), self.cfg.period)
+                          evict or self.cfg.evict, self.cfg.period)
 
     # ---- internals --------------------------------------------------------------------------
     def finish(self, rec: DecisionRecord) -> None:
