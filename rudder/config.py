@@ -160,6 +160,14 @@ def universe_max_nodes(pc: PrefetchConfig, num_halo: int, capacity: int) -> int:
     return max(int(m), capacity, 1)
 
 
+class RuleConfig(Strict):
+    """Knobs of policy `rule` (rudder.agent.rule, whose docstring says what each does); the
+    replays (`rudder sim`, bench_baselines) pass the same as the policy's extras."""
+    drop: float = Field(0.02, gt=0, le=1)  # hit-rate fall (fraction) below the best: buy it back
+    probe: bool = False  # history only: one first round without a fall (a cold buffer shows none)
+    evict: Literal["stale", "half", "catchup"] | None = None  # None: prefetch.evict at every round
+
+
 class ModelConfig(Strict):
     name: str = "smollm2-135m"  # a name from rudder.agent.models, or any label with `path`
     path: str | None = None  # GGUF file; None = resolve the named shipped model
@@ -231,6 +239,7 @@ class RunConfig(Strict):
     train: TrainConfig = TrainConfig()
     prefetch: PrefetchConfig = PrefetchConfig()
     agent: AgentConfig = AgentConfig()
+    rule: RuleConfig = RuleConfig()
     cluster: ClusterConfig = ClusterConfig()
     runs_dir: str = "runs"
 

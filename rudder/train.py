@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from rudder.data.partition import served_features
     from rudder.pipeline import MinibatchPipeline
     from rudder.prefetch.metrics import MetricsCollector
-    from rudder.prefetch.policies import make_policy
+    from rudder.prefetch.policies import make_policy, policy_extras
     from rudder.records import EpochTotals, read_run
     from rudder.device import DeviceError, synchronize
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     part = join_cluster(run["part_config"], tc.seed)
     # the features in dataset.feature_dtype (bfloat16: stored as int16 bits, viewed back)
     part.feat = served_features(part.feat, cfg.dataset.feature_dtype)
-    policy = make_policy(pc, agent=cfg.agent)
+    policy = make_policy(pc, **policy_extras(cfg))
     feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
     train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc)
     classes = int(run.get("num_classes") or 0)

@@ -169,3 +169,25 @@ def test_probe_tries_one_round_from_a_cold_buffer_and_goes_on_while_rounds_pay()
     assert "lifted the hit rate +3.0 pt" in recs[2]["reason"]
     # make_policy passes the extra through
     assert make_policy(PrefetchConfig(policy="rule"), probe=True).decider._probe is True
+
+
+def test_a_runs_rule_section_reaches_the_live_policy(tmp_path):
+    """`rule:` in a run config (drop, probe, evict) is what train.py's policy gets; other
+    policies get no rule knobs; a bad word names the key."""
+    from rudder.config import ConfigError, load_run_config
+    from rudder.prefetch.policies import policy_extras
+
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("prefetch: {policy: rule, lookahead: 0}\nrule: {drop: 0.05, probe: true, evict: half}\n")
+    cfg = load_run_config(cfg_file)
+    pol = make_policy(cfg.prefetch, **policy_extras(cfg))
+    assert isinstance(pol, RulePolicy)
+    assert (pol.decider.drop, pol.decider.evict, pol.decider._probe) == (0.05, "half", True)
+    (tmp_path / "plain.yaml").write_text("prefetch: {policy: rule, lookahead: 0}\n")
+    plain = load_run_config(tmp_path / "plain.yaml")
+    plain = make_policy(plain.prefetch, **policy_extras(plain))
+    assert (plain.decider.drop, plain.decider.evict, plain.decider._probe) == (0.02, None, False)
+    assert "drop" not in policy_extras(load_run_config(cfg_file, {"prefetch.policy": "fixed"}))
+    cfg_file.write_text("prefetch: {policy: rule}\nrule: {evict: sometimes}\n")
+    with pytest.raises(ConfigError, match="evict"):
+        load_run_config(cfg_file)

@@ -18,11 +18,11 @@ MassiveGNN round.
            again while each round lifts the hit rate by drop/2 or more and stale slots remain
            (the stream moved: catch up); else keep, and the level reached is the new reference
            (a round costs its rows, so it must buy back hits that were lost)
-    probe  (off by default; `rule` extra probe=true) the first window with stale slots runs a
+    probe  (off by default; `rule` extra probe=true, a run's `rule.probe: true`) the first window with stale slots runs a
            round although no hit rate fell -- a buffer that starts cold (a random initial fill)
            never shows a fall, so without a first round the rule never learns whether rounds
            pay; the catch-up above then goes on while they do
-    evict  (`rule` extra evict=...) which slots its rounds count stale: the config's
+    evict  (`rule` extra evict=..., a run's `rule.evict`) which slots its rounds count stale: the config's
            prefetch.evict (None, the default), `stale` or `half` at every round, or `catchup`:
            half for the probe and for rounds that go on while each lifts the hit rate (the buffer
            still holds cold rows: free more of them), stale for a round after a fall
@@ -38,9 +38,9 @@ from rudder.agent.judge import LabelRule
 from rudder.agent.messages import START_WINDOW
 from rudder.agent.steering import Decider, Steering, Verdict
 from rudder.agent.windows import DecisionPoint
-from rudder.config import PrefetchConfig
+from rudder.config import PrefetchConfig, RuleConfig
 
-DROP = 0.02  # hit-rate fall (fraction units) below the best since the last round: buy it back
+DROP = RuleConfig().drop  # hit-rate fall (fraction units) below the best since the last round: buy it back
 EVICT_MODES = (None, "stale", "half", "catchup")  # the rule's `evict` extra (module docstring)
 
 

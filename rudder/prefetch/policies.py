@@ -100,6 +100,15 @@ def policy_class(name: str) -> type[Policy]:
     return getattr(importlib.import_module(module), attr)
 
 
+def policy_extras(run_cfg) -> dict:
+    """A run config's extras for make_policy: the agent's config, and policy `rule`'s knobs
+    (the `rule:` section) when the run's policy is `rule`."""
+    extra = {"agent": run_cfg.agent}
+    if run_cfg.prefetch.policy.split(":", 1)[0] == "rule":
+        extra.update(run_cfg.rule.model_dump())
+    return extra
+
+
 def make_policy(cfg: PrefetchConfig, **extra) -> Policy:
     """extra: e.g. agent=AgentConfig for the agent policy, or classifier model name."""
     check_policy_name(cfg.policy)
