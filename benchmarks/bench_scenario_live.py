@@ -6,8 +6,9 @@ replay rows of bench_baselines.py.
       --policies none static fixed:10 fixed:5:half rule rule+probe+half agent:smollm2-135m \\
       --repeats 2 --bandwidth 100mbit
 
-Policy words: none, static, fixed:PERIOD[:half] (prefetch.period, prefetch.evict), rule[+probe]
-[+half] (the run config's `rule:` section), agent:MODEL (in-process, the scenario's prompt).
+Policy words: none, static, fixed:PERIOD[:half] (prefetch.period, prefetch.evict), lookahead
+[:any] (prefetch.admit), rule[+probe][+half] (the run config's `rule:` section), agent:MODEL
+(in-process, the scenario's prompt).
 The runs go in rounds, every policy once per round in turn, so load drifting over the benchmark
 falls on all of them alike; each figure is the median over the rounds. Rows and epoch time are
 quoted against the best fixed setting (min over the fixed:* words given) of the same rounds.
@@ -42,6 +43,8 @@ def overrides_for(word: str) -> dict:
         if not period.isdigit() or evict not in ("", "half", "stale"):
             raise SystemExit(f"bad policy word {word!r}: expected fixed:PERIOD or fixed:PERIOD:half")
         return {"prefetch.policy": "fixed", "prefetch.period": int(period), "prefetch.evict": evict or "stale"}
+    if base == "lookahead" and arg in ("", "any", "misses"):
+        return {"prefetch.policy": "lookahead", "prefetch.admit": arg or "misses"}
     if word.split("+")[0] == "rule":
         opts = set(word.split("+")[1:])
         if opts - {"probe", "half"}:
@@ -58,7 +61,9 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+",
                     default=["none", "static", "fixed:10", "fixed:5:half", "rule", "rule+probe+half"])
     ap.add_argument("--repeats", type=int, default=2, help="rounds (every policy once per round)")
-    ap.add_argument("--bandwidth", default="100mbit", help="tbf rate per machine link; none = unshaped")
+    ap.add_argument("--bandwidth", default="scenario",
+                    help="tbf rate per machine link; none = unshaped; scenario (default) = the "
+                         "scenario's link and its bandwidth_schedule")
     ap.add_argument("--epochs", type=int, help="train.epochs (default: the scenario's)")
     ap.add_argument("--runs-dir", default="runs/scenario-live")
     ap.add_argument("--data-root", default="data")
@@ -66,8 +71,9 @@ def main() -> None:
     args = ap.parse_args()
     words = list(dict.fromkeys(args.policies))
     sets = {w: overrides_for(w) for w in words}  # every word checked before any run starts
-    base = {"runs_dir": args.runs_dir, "dataset.root": args.data_root, "train.eval_every": 0,
-            "cluster.bandwidth": None if args.bandwidth == "none" else args.bandwidth}
+    base = {"runs_dir": args.runs_dir, "dataset.root": args.data_root, "train.eval_every": 0}
+    if args.bandwidth != "scenario":
+        base["cluster.bandwidth"] = None if args.bandwidth == "none" else args.bandwidth
     if args.epochs:
         base["train.epochs"] = args.epochs
     results: dict[str, list[dict]] = {w: [] for w in words}
