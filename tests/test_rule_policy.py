@@ -191,3 +191,27 @@ def test_a_runs_rule_section_reaches_the_live_policy(tmp_path):
     cfg_file.write_text("prefetch: {policy: rule}\nrule: {evict: sometimes}\n")
     with pytest.raises(ConfigError, match="evict"):
         load_run_config(cfg_file)
+
+
+def test_payback_catchup_goes_on_while_a_rounds_lift_pays_its_rows():
+    """catchup=payback: after a round, go on when the lift x the window's remote rows x 2 windows
+    covers the rows the round replaced; `lift` (default) asks drop/2 = 1 pt whatever the round's
+    size. A small round lifting +0.5 pt pays (0.005 x 10,000 x 2 = 100 >= 20 rows): payback goes on,
+    lift stops; a large one lifting as much (500 rows) does not pay: both stop."""
+    def run(replaced, **kw):
+        pol = RulePolicy(PrefetchConfig(policy="rule", lookahead=0, budget=0.2, window=10), probe=True, **kw)
+        pol.setup(ctx(lookahead=0))
+        wins = [window(i, h, 300) for i, h in enumerate([0.20, 0.205, 0.21])]
+        for mbs, w in wins[1:]:  # the round decided at the window before replaced its rows here
+            mbs[0]["replaced_rows"] = replaced
+            mbs[0]["fetched_rows"] += replaced
+        _, recs = steer(pol, wins)
+        return [r["replace"] for r in recs], recs
+
+    assert run(20)[0] == [True, False, False]  # lift: +0.5 pt < 1 pt, stop
+    said, recs = run(20, catchup="payback")
+    assert said == [True, True, True]
+    assert "saving ~100 rows in 2 windows for 20" in recs[1]["reason"]
+    assert run(500, catchup="payback")[0] == [True, False, False]
+    with pytest.raises(ValueError, match="catchup"):
+        RulePolicy(PrefetchConfig(policy="rule"), catchup="sometimes")
