@@ -168,19 +168,24 @@ class MinibatchPipeline:
         it = iter(self.sample_iter_factory(epoch))
         ahead: collections.deque = collections.deque()  # sampled, not yet assembled
         exhausted = False
+        # an epoch cut short (train.max_steps_per_epoch, the least steps over the ranks) samples
+        # no minibatch it will not train: none of its time, and the view stays within the epoch
+        # as trained (what the replays see: rudder.sim.replay)
+        left = self.steps_per_epoch
         base = epoch * self.steps_per_epoch
         for step in range(self.steps_per_epoch):
             if self._stop.is_set():
                 return
             t_load = time.perf_counter()
             # keep 1 + lookahead minibatches sampled (the current one and the known future)
-            while not exhausted and len(ahead) < 1 + self.lookahead:
+            while not exhausted and len(ahead) < 1 + self.lookahead and left > 0:
                 t0 = time.perf_counter()
                 try:
                     got = next(it)
                 except StopIteration:
                     exhausted = True
                     break
+                left -= 1
                 t_wait = time.perf_counter() - t0
                 # (input_nodes, seeds, blocks[, sampling seconds where it ran: TimedCollate])
                 t_s = got[3] if len(got) > 3 else t_wait

@@ -30,18 +30,19 @@ class Recording(Policy):
         return None
 
 
-def sampled(epoch: int, log: list, lock: threading.Lock):
+def sampled(epoch: int, log: list, lock: threading.Lock, batches: int = STEPS):
     """The sampler: (input_nodes, seeds, blocks, seconds) per minibatch, as TimedCollate gives."""
     g = torch.Generator().manual_seed(epoch)
     collate = TimedCollate(lambda seeds: (torch.cat([seeds, torch.randint(0, N, (30,), generator=g)]),
                                           seeds, None))
-    for step in range(STEPS):
+    for step in range(batches):
         with lock:
             log.append(("sample", epoch, step))
         yield collate(torch.randint(0, N // 2, (10,), generator=g))
 
 
-def make(hold_after=None):
+def make(hold_after=None, batches: int = STEPS):
+    """batches > STEPS: an epoch cut short (train.max_steps_per_epoch below the loader's batches)."""
     log: list = []
     lock = threading.Lock()
     halo = torch.arange(N // 2, N)
@@ -49,7 +50,7 @@ def make(hold_after=None):
     buf.fill(halo[:20], FEAT[halo[:20]])
     feats = BufferedFeatures(FEAT, OWNER, 0, buf, local_id=0)
     policy = Recording()
-    pipe = MinibatchPipeline(lambda e: sampled(e, log, lock), feats, torch.arange(N) % 3, policy,
+    pipe = MinibatchPipeline(lambda e: sampled(e, log, lock, batches), feats, torch.arange(N) % 3, policy,
                              MetricsCollector(4), STEPS, EPOCHS, AHEAD, queue_size=2, hold_after=hold_after)
     return pipe, policy, log, lock
 
@@ -96,6 +97,16 @@ def test_the_loader_waits_while_the_training_thread_evaluates():
     train(pipe, log, lock, evaluates)
     # after epoch 0 (evaluated) nothing of epoch 1 is sampled before the evaluation
     assert log.index(("eval", 0, None)) < log.index(("sample", 1, 0))
+    assert policy.seen == [(e, s, min(AHEAD, STEPS - 1 - s)) for e in range(EPOCHS) for s in range(STEPS)]
+
+
+def test_an_epoch_cut_short_samples_only_what_it_trains():
+    """The loader's batches beyond the epoch's steps are not sampled (their time is not spent in
+    the loader) and the lookahead view ends with the epoch as trained, as the replays' does."""
+    pipe, policy, log, lock = make(batches=STEPS + 4)
+    got = train(pipe, log, lock)
+    assert got == [(e, s) for e in range(EPOCHS) for s in range(STEPS)]
+    assert [x for x in log if x[0] == "sample"] == [("sample", e, s) for e in range(EPOCHS) for s in range(STEPS)]
     assert policy.seen == [(e, s, min(AHEAD, STEPS - 1 - s)) for e in range(EPOCHS) for s in range(STEPS)]
 
 
