@@ -374,9 +374,9 @@ def test_a_trainers_next_prompt_extends_its_last():
     stood then), in blocks of OWN_BLOCK decisions: within a block a trainer's next prompt is its
     last prompt (through the question) plus the answer and the new question; a decision whose
     hindsight is unclear (here: replaced, hit rate fell, lookahead on) is left out without
-    breaking that; the first question of a block shows no own example (the older ones drop at
-    once) and keeps the system text and canned examples. The other history variants render
-    their own examples anew, as before."""
+    breaking that; at the first question of a block the older ones drop at once but for the
+    newest (its window only), after the same system text and canned examples. The other
+    history variants render their own examples anew, as before."""
     from rudder.agent.context import OWN_BLOCK
 
     b = ContextBuilder(ctx(), "default")
@@ -387,9 +387,12 @@ def test_a_trainers_next_prompt_extends_its_last():
     canned = 1 + 2 * 4
     for n, (last, nxt) in enumerate(zip(prompts, prompts[1:]), start=2):  # nxt asks decision n
         assert nxt.messages[:canned] == prompts[0].messages[:canned]
-        if (n - 1) % OWN_BLOCK == 0:  # a block's first question: no own example
-            assert len(nxt.messages) == canned + 1
-            assert nxt.messages[-1]["content"].startswith(b.static_text())
+        if (n - 1) % OWN_BLOCK == 0:  # a block's first question: the newest older example only
+            assert len(nxt.messages) == canned + 3
+            newest = max(d for d in range(1, n) if d - 1 not in unclear)
+            assert nxt.messages[canned]["content"] == (
+                b.static_text() + "\n" + b.render_window(windows[newest - 1], [windows[newest - 2]["hit_rate"]]))
+            assert nxt.messages[-1]["content"].startswith("Same run.\nRecent decisions:")
         elif n - 2 in unclear:  # its last question (decision n - 1) left out: the examples before it, then the new one
             assert nxt.messages[:-1] == last.messages[:-1]
         else:  # the last prompt through its question, then the answer, then the new question
@@ -410,8 +413,11 @@ def test_a_trainers_next_prompt_extends_its_last():
 def test_prefix_stable_prompts_read_one_question():
     """The tokens the server reads per question (SmolLM2's tokenizer; after the longest prefix
     shared with this trainer's last prompt and answer), over a trainer's 9 questions: within a
-    block only the new question and the answer's tail (< 400 tokens each); before, the run's
-    own examples slid under each question and 600-750 were read (bench_prompt_tokens.py)."""
+    block only the new question and the answer's tail (< 400 tokens each), at a block's first
+    question also the one older example kept (its window: < 200 more); before, the run's own
+    examples slid under each question and 600-750 were read (bench_prompt_tokens.py)."""
+    from rudder.agent.context import OWN_BLOCK
+
     llama_cpp = pytest.importorskip("llama_cpp")
     from llama_cpp.llama_chat_format import format_chatml
 
@@ -438,5 +444,8 @@ def test_prefix_stable_prompts_read_one_question():
         reads.append(len(q) - shared)
         assert len(q) < 3600  # the 4k context holds the prompt and the answer
     final = [len(ids(p.messages[-1]["content"])) for p in prompts[1:]]
-    assert all(r < 400 for r in reads), reads
-    assert all(r <= f + 12 for r, f in zip(reads, final)), (reads, final)
+    start = [(n - 1) % OWN_BLOCK == 0 for n in range(2, len(prompts) + 1)]  # a block's first question
+    assert any(start) and not all(start)
+    assert all(r < 400 for r, s in zip(reads, start) if not s), reads
+    assert all(r <= f + 12 for r, f, s in zip(reads, final, start) if not s), (reads, final)
+    assert all(r <= f + 200 for r, f, s in zip(reads, final, start) if s), (reads, final)

@@ -118,7 +118,7 @@ def test_replays_are_unchanged(policy):
 PINNED_PROMPTS = [
     (("zero-shot", "reason-first", "few-shot", "free-reason", "signals"), 280,
      "7a756eb56d5b22b02bbe49876ab2f9a9636a820f1bc234d2d66e13a701ee86ae"),
-    (("default",), 56, "0845917b0d845cdcd6a16a5352e68d4066ce084198dc8b0e32f5e42741441de5"),
+    (("default",), 56, "c4f3c72bce02824116234cb58e94a2c5eaa9606c66c2b109bc37498bde7a0848"),
     (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
     (("judge-history",), 56, "d94e6058f3034171049d1b7383fafc91956ce347ff1a3af6364f415cbd469187"),
 ]

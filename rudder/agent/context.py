@@ -6,7 +6,10 @@ reuses the KV cache of the longest prefix shared with the previous call, so ever
 the same for every run, rank and window comes first:
   system     metric definitions, actions, rules of thumb, answer format (constant per variant)
   user/asst  canned in-context examples (constant: all of them, whatever the run's history),
-             then examples judged in hindsight from this run's own history (variant `default`)
+             then examples judged in hindsight from this run's own history (variant `default`:
+             each the exact question the trainer was asked, in blocks of OWN_BLOCK decisions,
+             so a trainer's next prompt extends its last one and the node's server, which keeps
+             each trainer's prompt state, reads only the answer's tail and the new question)
   user       the last decisions with outcomes, the current window
 The static context of this run (graph and partition sizes, r/P, batch, minibatches, halo,
 capacity, budgets in rows; the facts all trainers share first, then the trainer's own) is stated
@@ -17,7 +20,8 @@ Prompt variants (scored by `rudder agent eval`):
   zero-shot     decision first in the JSON (reason last), no examples
   reason-first  reason first, no examples
   few-shot      reason first + canned examples
-  default       reason first + examples from the run's own history when available, else canned;
+  default       reason first + canned examples + the run's own (its questions as asked, with
+                hindsight answers, in blocks: prefix-stable per trainer, issue 16);
                 the grammar holds the reason to the examples' evidence form
                 ("hit rate falling, lookahead on, much missing ahead: replace")
   free-reason   default with any short reason (ending in its conclusion)
@@ -70,10 +74,12 @@ LOOKAHEAD_SMALL = 0.05
 
 
 # Own examples of the `default` variant come in blocks of this many decisions (by decision
-# number): a question shows the examples of its own block's earlier decisions, so within a block
-# each prompt extends the one before, and the first question of a block shows none (the older
-# ones drop at once; it reads only itself, and comes back as the next one's first example). 4: at
-# most 3 own examples, the prompt under ~3.5k of the 4k context with the longest questions
+# number): a question shows the newest example of the blocks before its own (short: the window
+# only, as the other variants show theirs) and then those of its own block's earlier decisions
+# (the exact questions), so within a block each prompt extends the one before; at a block's first
+# question the older ones drop at once. Without that one older example, the first question of a
+# block lost 4 of 28 eval windows to Qwen-0.5B (lookahead-off windows replaced; BENCHMARKS §6). 4:
+# at most 4 own examples, the prompt under ~3.7k of the 4k context with the longest questions
 # (SmolLM2's tokens: system and canned ~1.9k, an own example ~0.4k, the question ~0.35k).
 OWN_BLOCK = 4
 
@@ -791,11 +797,12 @@ class ContextBuilder:
         answer is clear, as the exact question the trainer was asked (HistoryEntry.asked: its
         "Recent decisions" as they stood then, the window) and that answer, oldest first; only
         those of the asked question's block (OWN_BLOCK decisions by decision number; the asked
-        question's number: the newest decision's + 1). A trainer's next prompt then extends its
-        last one: the question it was asked comes back as an example where that question stood
-        (the server kept it), and only the answer's tail and the new question are read. The first
-        question of a block shows no own example (the older ones drop at once, and the question
-        is then the first example of the next). A decision is judged before the next question as
+        question's number: the newest decision's + 1), after the newest one of the blocks before
+        (its window only, not the question: it is read once per block). A trainer's next prompt
+        then extends its last one: the question it was asked comes back as an example where that
+        question stood (the server kept it), and only the answer's tail and the new question are
+        read. At the first question of a block the older examples drop at once (that question
+        reads the one kept from before and itself). A decision is judged before the next question as
         a rule (the window that judges it closes during the other trainers' turns), so its
         example appears right after its question; an unclear one is left out, which breaks
         nothing (the next question follows the examples before it). The first example shown
@@ -812,12 +819,13 @@ class ContextBuilder:
             asked = h.asked
             if asked is None:  # a record without it (eval windows): the question as it would have read
                 asked = self.render_history(history[:i]) + "\n" + self.render_window(judged, prev)
-            eligible.append((h.decision, asked, ex))
+            eligible.append((h.decision, asked, ex, self.render_window(judged, prev)))
         if not eligible:
             return []
         block = history[-1].decision // v.own_block  # the asked question's: (newest + 1 - 1) // K
-        shown = [(asked, ex) for d, asked, ex in eligible if (d - 1) // v.own_block == block]
-        return [(self._head(i == 0) + asked, ex) for i, (asked, ex) in enumerate(shown)]
+        before = [(window, ex) for d, _, ex, window in eligible if (d - 1) // v.own_block < block]
+        shown = before[-1:] + [(asked, ex) for d, asked, ex, _ in eligible if (d - 1) // v.own_block == block]
+        return [(self._head(i == 0) + text, ex) for i, (text, ex) in enumerate(shown)]
 
     def _head(self, first: bool) -> str:
         """How a message of this run opens: the run's facts (first) or "Same run."."""
