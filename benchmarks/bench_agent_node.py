@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rudder.agent.context import ContextBuilder  # noqa: E402
+from rudder.agent.context import ContextBuilder, evidence  # noqa: E402
 from rudder.agent.decision import DecisionMaker, HttpBackend  # noqa: E402
 from rudder.agent.eval import percentile  # noqa: E402
-from rudder.agent.messages import START_WINDOW, HistoryEntry, budget_rows  # noqa: E402
+from rudder.agent.messages import START_WINDOW, HistoryEntry, budget_rows, conclusion  # noqa: E402
 from rudder.agent.models import resolve  # noqa: E402
 from rudder.agent.service import AgentService  # noqa: E402
 
@@ -56,7 +56,12 @@ def prompts(run: Path, ranks: int, calls: int, variant: str, history: int) -> li
                  **{k: windows[0].get(k) for k in ("buffer_fill", "stale_slots", "lookahead_missing")}}
         seq, hist, recent = [], [], []
         for w in [start] + windows:
-            seq.append(cb.build(w, hist, recent[-3:]))
+            p = cb.build(w, hist, recent[-3:])
+            # the answer the model gives (what a trainer's kept state holds after the prompt)
+            p.answer_text = json.dumps({
+                "reason": evidence(w, recent[-1:], ctx["capacity"], True) + conclusion(True),
+                "replace": True, "budget": "large", "expected": {"hit_rate": "up", "remote_rows": "down"}})
+            seq.append(p)
             judged = dict(w)
             if recent and recent[-1].get("hit_rate") is not None:
                 judged["prev_hit_rate"] = recent[-1]["hit_rate"]
@@ -64,7 +69,8 @@ def prompts(run: Path, ranks: int, calls: int, variant: str, history: int) -> li
                 decision=len(hist) + 1, window=w["window"], replace=True, budget="large",
                 rows=budget_rows("large", ctx["capacity"]), expected_hit_rate="up",
                 expected_remote_rows="down", judged=judged, hit_delta=0.02, rows_delta=-0.05,
-                outcome_hit_rate="up", outcome_remote_rows="down", correct=True))
+                outcome_hit_rate="up", outcome_remote_rows="down", correct=True,
+                asked=getattr(p, "asked", None)))  # the exact question (prefix-stable prompts)
             if w["window"] != START_WINDOW:
                 recent.append(w)
         per_rank.append(seq)

@@ -5,7 +5,10 @@ KV cache: the system text and canned examples that every prompt shares (warmed a
 for a run's prompts (ranks taking turns on one server) whatever more it shares with the question
 answered just before. This counts, per prompt: all tokens, the tokens shared
 with the warm-up prompt (the cached prefix) and the rest (read per answer), plus the tokens of
-the run's facts line and how often that line appears.
+the run's facts line and how often that line appears. With --run, the server keeps each
+trainer's last prompt and answer (rudder.agent.server --cache-mb): `read` is what is left after
+the longest prefix shared with any kept state or the warm-up prompt, `suffix` what is left after
+the prefix shared with the same trainer's previous prompt and answer (issue 16's measure).
 
     python benchmarks/bench_prompt_tokens.py                       # the labelled eval windows
     python benchmarks/bench_prompt_tokens.py --run RUN_DIR --calls 12   # a study run's prompts
@@ -62,13 +65,21 @@ def common(a: list[int], b: list[int]) -> int:
     return n
 
 
-def count(tok: Tokens, prompt, warm_ids: list[int], facts: str, before: list[int] | None = None) -> dict:
-    """`before`: the prompt the server answered last (its KV cache), else the warm-up prompt."""
+def count(tok: Tokens, prompt, warm_ids: list[int], facts: str, kept: dict | None = None,
+          rank: int | None = None) -> dict:
+    """`kept`: the states the server holds (rank -> its last prompt + answer tokens, as
+    rudder.agent.server keeps them per trainer); the server resumes from the one (or the warm-up
+    prompt) sharing the longest prefix: `read` is what it then reads. `suffix`: what is left
+    after the prefix shared with this trainer's own previous prompt and answer (else the
+    warm-up prompt) -- the prompt's non-shared suffix."""
     ids = tok(chatml(prompt.messages))
-    cached = max(common(ids, warm_ids), common(ids, before or []))
+    kept = kept or {}
+    warm = common(ids, warm_ids)
+    cached = max([warm] + [common(ids, k) for k in kept.values()])
+    own = max(warm, common(ids, kept[rank])) if rank in kept else warm
     text = "".join(m["content"] for m in prompt.messages)
     final = prompt.messages[-1]["content"]
-    return {"tokens": len(ids), "cached": cached, "read": len(ids) - cached,
+    return {"tokens": len(ids), "cached": cached, "read": len(ids) - cached, "suffix": len(ids) - own,
             "final_message": len(tok(final)), "facts": len(tok(facts)),
             "facts_times": text.count(facts), "examples": (len(prompt.messages) - 2) // 2}
 
@@ -90,8 +101,9 @@ def run_prompts(run: Path, calls: int, variant: str, history: int) -> list:
 
 
 def summary(rows: list[dict]) -> dict:
-    keys = ["tokens", "cached", "read", "final_message", "facts", "facts_times", "examples"]
-    return {k: {"median": statistics.median(r[k] for r in rows), "max": max(r[k] for r in rows)}
+    keys = ["tokens", "cached", "read", "suffix", "final_message", "facts", "facts_times", "examples"]
+    return {k: {"median": statistics.median(r[k] for r in rows), "max": max(r[k] for r in rows),
+                "mean": round(statistics.mean(r[k] for r in rows), 1)}
             for k in keys} | {"n": len(rows)}
 
 
@@ -108,11 +120,11 @@ def main() -> int:
     warm_ids = tok(chatml(warm_prompt(args.variant).messages))
     pairs = (run_prompts(args.run, args.calls, args.variant, args.history) if args.run
              else eval_prompts(args.variant, args.history))
-    rows, before = [], None
+    rows, kept = [], {}
     for cb, p in pairs:
-        rows.append(count(tok, p, warm_ids, cb.static_text(), before))
-        if args.run:  # ranks take turns on one server: it still holds the previous question
-            before = tok(chatml(p.messages))
+        rows.append(count(tok, p, warm_ids, cb.static_text(), kept, cb.ctx.rank) | {"rank": cb.ctx.rank})
+        if args.run:  # ranks take turns on one server, which keeps each one's prompt and answer
+            kept[cb.ctx.rank] = tok(chatml(p.messages)) + tok(p.answer_text)
     out = {"model": args.model, "variant": args.variant, "source": str(args.run or "eval windows"),
            "prompt_hash": pairs[0][1].hash, "summary": summary(rows), "prompts": rows}
     if args.json:
@@ -122,7 +134,8 @@ def main() -> int:
           + "; ".join(f"{k} median {v['median']} max {v['max']}" for k, v in s.items() if k != "n"))
     if args.run:
         for r in rows:
-            print(f"  tokens {r['tokens']:5d}  cached {r['cached']:5d}  read {r['read']:4d}  "
+            print(f"  rank {r['rank']}  tokens {r['tokens']:5d}  cached {r['cached']:5d}  read {r['read']:4d}  "
+                  f"suffix {r['suffix']:4d}  "
                   f"final {r['final_message']:4d}  examples {r['examples']}  facts x{r['facts_times']}")
     return 0
 

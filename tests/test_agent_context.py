@@ -286,7 +286,8 @@ def test_the_runs_facts_are_stated_once():
         own = users[4:-1]  # after the 4 canned examples
         assert len(own) == len(hist)
         assert (own or users[-1:])[0].startswith(facts)
-        assert all(u.startswith("Same run.\nWindow") for u in own[1:])
+        # (default: each own example is the question as it was asked, "Recent decisions" first)
+        assert all(u.startswith("Same run.\nRecent decisions:") for u in own[1:])
         if own:
             assert users[-1].startswith("Same run.\nRecent decisions:")
     # variants without this run's examples keep the facts in the question
@@ -346,3 +347,105 @@ def test_tokens_read_per_question_stay_bounded():
     facts = len(tok.tokenize(ranks[0].static_text().encode(), add_bos=False))
     assert 100 < facts < 200
     assert read0 < 950 and read1 < read0 - 50, (read0, read1)  # the run-wide facts came from the cache
+
+
+def _trainer_prompts(builder, windows, outcome):
+    """A trainer's questions in turn, as LLMDecider asks them: each answered (replace large),
+    applied and judged before the next question (`outcome(i)`: the hit-rate direction measured,
+    None: not measured), its exact question kept (HistoryEntry.asked)."""
+    prompts, hist = [], []
+    for i, w in enumerate(windows):
+        p = builder.build(w, hist, [windows[i - 1]["hit_rate"]] if i else [])
+        prompts.append(p)
+        o = outcome(i)
+        hist.append(HistoryEntry(
+            decision=i + 1, window=w["window"], replace=True, budget="large", rows=10_000,
+            expected_hit_rate="up", expected_remote_rows="down", asked=p.asked,
+            judged={**w, **({"prev_hit_rate": windows[i - 1]["hit_rate"]} if i else {})},
+            **({} if o is None else dict(hit_delta=0.02 if o == "up" else -0.02, rows_delta=-0.05,
+                                          outcome_hit_rate=o, outcome_remote_rows="down", correct=o == "up"))))
+    return prompts
+
+
+def test_a_trainers_next_prompt_extends_its_last():
+    """Issue 16 (prefix-stable prompts): the node's server keeps each trainer's last prompt and
+    answer, so what it reads per question is what follows the prefix the next prompt shares with
+    it. The run's own examples are the exact questions asked (their "Recent decisions" as they
+    stood then), in blocks of OWN_BLOCK decisions: within a block a trainer's next prompt is its
+    last prompt (through the question) plus the answer and the new question; a decision whose
+    hindsight is unclear (here: replaced, hit rate fell, lookahead on) is left out without
+    breaking that; at the first question of a block the older ones drop at once but for the
+    newest (its window only), after the same system text and canned examples. The other
+    history variants render their own examples anew, as before."""
+    from rudder.agent.context import OWN_BLOCK
+
+    b = ContextBuilder(ctx(), "default")
+    windows = [{**WINDOW, "window": i, "first_step": 10 * i, "last_step": 10 * i + 9,
+                "hit_rate": 0.30 + 0.01 * i} for i in range(11)]
+    unclear = {3, 6}
+    prompts = _trainer_prompts(b, windows, lambda i: "down" if i in unclear else "up")
+    canned = 1 + 2 * 4
+    for n, (last, nxt) in enumerate(zip(prompts, prompts[1:]), start=2):  # nxt asks decision n
+        assert nxt.messages[:canned] == prompts[0].messages[:canned]
+        if (n - 1) % OWN_BLOCK == 0:  # a block's first question: the newest older example only
+            assert len(nxt.messages) == canned + 3
+            newest = max(d for d in range(1, n) if d - 1 not in unclear)
+            assert nxt.messages[canned]["content"] == (
+                b.static_text() + "\n" + b.render_window(windows[newest - 1], [windows[newest - 2]["hit_rate"]]))
+            assert nxt.messages[-1]["content"].startswith("Same run.\nRecent decisions:")
+        elif n - 2 in unclear:  # its last question (decision n - 1) left out: the examples before it, then the new one
+            assert nxt.messages[:-1] == last.messages[:-1]
+        else:  # the last prompt through its question, then the answer, then the new question
+            assert nxt.messages[:len(last.messages)] == last.messages, n
+            assert nxt.messages[len(last.messages)]["role"] == "assistant"
+            assert len(nxt.messages) == len(last.messages) + 2
+            # the example repeats the exact question (its "Recent decisions" then, not now)
+            assert last.messages[-1]["content"].endswith(last.asked)
+        assert nxt.messages[-1]["content"].endswith(nxt.asked)
+    # the facts once per prompt, whatever the block
+    assert all("".join(m["content"] for m in p.messages).count(b.static_text()) == 1 for p in prompts)
+    # free-reason keeps the newest max_examples // 2 own examples, rendered anew (no asked text)
+    fr = _trainer_prompts(ContextBuilder(ctx(), "free-reason"), windows, lambda i: "up")
+    assert all(len(p.messages) == canned + 1 + 2 * min(i, 2) for i, p in enumerate(fr))
+    assert "Recent decisions" not in fr[-1].messages[-3]["content"]
+
+
+def test_prefix_stable_prompts_read_one_question():
+    """The tokens the server reads per question (SmolLM2's tokenizer; after the longest prefix
+    shared with this trainer's last prompt and answer), over a trainer's 9 questions: within a
+    block only the new question and the answer's tail (< 400 tokens each), at a block's first
+    question also the one older example kept (its window: < 200 more); before, the run's own
+    examples slid under each question and 600-750 were read (bench_prompt_tokens.py)."""
+    from rudder.agent.context import OWN_BLOCK
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp.llama_chat_format import format_chatml
+
+    from rudder.agent.models import resolve
+
+    tok = llama_cpp.Llama(model_path=str(resolve("smollm2-135m", verify=False)), vocab_only=True, verbose=False)
+
+    def ids(text):
+        return tok.tokenize(text.encode(), add_bos=False, special=True)
+
+    b = ContextBuilder(ctx(), "default")
+    windows = [{**WINDOW, "window": i, "first_step": 10 * i, "last_step": 10 * i + 9,
+                "hit_rate": 0.30 + 0.01 * i} for i in range(9)]
+    prompts = _trainer_prompts(b, windows, lambda i: "up")
+    reads = []
+    for last, nxt in zip(prompts, prompts[1:]):
+        # the model's answer: the one hindsight then confirmed (its example's), as it was generated
+        after = nxt.messages[len(last.messages)] if len(nxt.messages) > len(last.messages) else {}
+        answer = after.get("content") if after.get("role") == "assistant" else json.dumps(
+            {"reason": "hit rate rising, lookahead on, much missing ahead: replace", "replace": True,
+             "budget": "large", "expected": {"hit_rate": "up", "remote_rows": "down"}})
+        kept, q = ids(format_chatml(last.messages).prompt) + ids(answer), ids(format_chatml(nxt.messages).prompt)
+        shared = next((i for i, (x, y) in enumerate(zip(kept, q)) if x != y), min(len(kept), len(q)))
+        reads.append(len(q) - shared)
+        assert len(q) < 3600  # the 4k context holds the prompt and the answer
+    final = [len(ids(p.messages[-1]["content"])) for p in prompts[1:]]
+    start = [(n - 1) % OWN_BLOCK == 0 for n in range(2, len(prompts) + 1)]  # a block's first question
+    assert any(start) and not all(start)
+    assert all(r < 400 for r, s in zip(reads, start) if not s), reads
+    assert all(r <= f + 12 for r, f, s in zip(reads, final, start) if not s), (reads, final)
+    assert all(r <= f + 200 for r, f, s in zip(reads, final, start) if s), (reads, final)

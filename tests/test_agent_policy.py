@@ -423,3 +423,25 @@ def test_no_start_decision_without_lookahead_or_when_switched_off():
         assert pol.start(lambda: pytest.fail("state scanned by a policy that asks nothing")) is False
         assert pol.wait_for_decision(0.05) is False
         pol.close()
+
+
+def test_the_asked_question_comes_back_as_its_own_example():
+    """Issue 16: the decider keeps each question's exact text (HistoryEntry.asked), and with the
+    `default` prompt the next prompt repeats it as this run's own example where it stood, so
+    the next question extends the last one (the node's server keeps that prefix)."""
+    backend = ScriptedBackend([answer(True, "large", "up", "down")] * 3)
+    pol = make(backend, history=4, prompt="default", start_decision=False)
+    pol.setup(ctx())
+    windows = [win(0, 0.30, 800), win(1, 0.36, 700), win(2, 0.42, 600)]
+    for i, w in enumerate(windows):
+        pol.observe({"global_step": w["last_step"]}, w)  # judges the decision before, then asks
+        wait_outbox(pol)
+        pol.plan(step(w["last_step"] + 1))
+    hist = pol.history()
+    assert [h.decision for h in hist] == [1, 2, 3]
+    for h, sent in zip(hist, backend.prompts):
+        assert h.asked and sent[-1]["content"].endswith(h.asked)  # the exact text asked
+    first, second, third = backend.prompts
+    assert second[:len(first)] == first and second[len(first)]["role"] == "assistant"
+    assert third[:len(second)] == second
+    pol.close()

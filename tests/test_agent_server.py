@@ -38,7 +38,7 @@ def test_state_cache_keeps_the_longest_prefix_and_evicts_the_oldest():
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
     svc = AgentService(resolve("smollm2-135m"), host="127.0.0.1", threads=1, ready_timeout_s=180,
-                       log_path=log, model_alias="smollm2-135m", cache_mb=128)
+                       log_path=log, model_alias="smollm2-135m", cache_mb=256)  # 3 states of ~2.5k tokens (~23 kB each)
     svc.start()
     yield svc
     svc.stop()
@@ -87,3 +87,41 @@ def test_late_and_cancelled_questions_end_as_before_and_the_server_goes_on(serve
     d = DecisionMaker(HttpBackend(server.url), "smollm2-135m", timeout_s=300).decide(_prompt(0, window=13))
     assert d.fallback is None, d.reason
     assert time.monotonic() - t0 < 120
+
+
+@pytest.mark.slow  # serves SmolLM2
+def test_a_trainers_next_question_reads_only_itself(server):
+    """Issue 16, end to end: two trainers take turns on the server, each asking about three
+    windows; each answer is measured as the model predicted (so its hindsight example repeats
+    it) and kept with the exact question asked (HistoryEntry.asked). The `default` prompt then
+    shows that question again as the run's own example where it stood, so the server resumes
+    from the trainer's kept state and reads only the new question and at most the answer's tail
+    (its words where the model's differ from the hindsight example's), not the example again."""
+    import llama_cpp
+
+    from rudder.agent.messages import HistoryEntry
+
+    tok = llama_cpp.Llama(model_path=str(resolve("smollm2-135m")), vocab_only=True, verbose=False)
+    builders = [ContextBuilder({**CANNED_CONTEXT, "lookahead": 0, "rank": r, "part_id": r}) for r in (0, 1)]
+    windows = [{**CANNED[1]["window"], "window": 7 + i, "first_step": 70 + 10 * i, "last_step": 79 + 10 * i,
+                "hit_rate": 0.41 + 0.02 * i} for i in range(3)]
+    hist, checked = [[], []], []
+    for i, w in enumerate(windows):
+        prev = [windows[i - 1]["hit_rate"]] if i else [CANNED[1]["recent"][-1]]
+        for r in (0, 1):
+            p = builders[r].build(w, hist[r], prev)
+            out = _post(server.url, p)
+            a = Answer.model_validate_json(out["choices"][0]["message"]["content"])
+            if i:  # the question (and the example before it) extend this trainer's last prompt
+                final = len(tok.tokenize(p.messages[-1]["content"].encode(), add_bos=False))
+                checked.append((out["timings"]["read_tokens"], final, len(p.messages)))
+            hist[r].append(HistoryEntry(
+                decision=i + 1, window=w["window"], replace=a.replace, budget=a.budget, rows=500,
+                expected_hit_rate=a.expected.hit_rate, expected_remote_rows=a.expected.remote_rows,
+                hit_delta=0.02 if a.replace else 0.0, rows_delta=-0.05 if a.replace else 0.0,
+                outcome_hit_rate="up" if a.replace else "flat",
+                outcome_remote_rows="down" if a.replace else "flat", correct=True,
+                judged={**w, "prev_hit_rate": prev[-1]}, asked=p.asked))
+    assert [n for _, _, n in checked] == [1 + 2 * 5 + 1] * 2 + [1 + 2 * 6 + 1] * 2  # 1, then 2 own examples
+    for read, final, _ in checked:
+        assert read <= final + 60, checked

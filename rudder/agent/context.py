@@ -6,7 +6,10 @@ reuses the KV cache of the longest prefix shared with the previous call, so ever
 the same for every run, rank and window comes first:
   system     metric definitions, actions, rules of thumb, answer format (constant per variant)
   user/asst  canned in-context examples (constant: all of them, whatever the run's history),
-             then examples judged in hindsight from this run's own history (variant `default`)
+             then examples judged in hindsight from this run's own history (variant `default`:
+             each the exact question the trainer was asked, in blocks of OWN_BLOCK decisions,
+             so a trainer's next prompt extends its last one and the node's server, which keeps
+             each trainer's prompt state, reads only the answer's tail and the new question)
   user       the last decisions with outcomes, the current window
 The static context of this run (graph and partition sizes, r/P, batch, minibatches, halo,
 capacity, budgets in rows; the facts all trainers share first, then the trainer's own) is stated
@@ -17,7 +20,8 @@ Prompt variants (scored by `rudder agent eval`):
   zero-shot     decision first in the JSON (reason last), no examples
   reason-first  reason first, no examples
   few-shot      reason first + canned examples
-  default       reason first + examples from the run's own history when available, else canned;
+  default       reason first + canned examples + the run's own (its questions as asked, with
+                hindsight answers, in blocks: prefix-stable per trainer, issue 16);
                 the grammar holds the reason to the examples' evidence form
                 ("hit rate falling, lookahead on, much missing ahead: replace")
   free-reason   default with any short reason (ending in its conclusion)
@@ -69,6 +73,17 @@ from rudder.records import HIT_TOL, ROWS_TOL, direction  # "flat" = |hit delta| 
 LOOKAHEAD_SMALL = 0.05
 
 
+# Own examples of the `default` variant come in blocks of this many decisions (by decision
+# number): a question shows the newest example of the blocks before its own (short: the window
+# only, as the other variants show theirs) and then those of its own block's earlier decisions
+# (the exact questions), so within a block each prompt extends the one before; at a block's first
+# question the older ones drop at once. Without that one older example, the first question of a
+# block lost 4 of 28 eval windows to Qwen-0.5B (lookahead-off windows replaced; BENCHMARKS §6). 4:
+# at most 4 own examples, the prompt under ~3.7k of the 4k context with the longest questions
+# (SmolLM2's tokens: system and canned ~1.9k, an own example ~0.4k, the question ~0.35k).
+OWN_BLOCK = 4
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -77,6 +92,10 @@ class Variant:
     signals: bool = False
     max_examples: int = 4
     evidence_reason: bool = False  # the grammar holds the reason to the evidence form
+    # prefix-stable own examples (issue 16): each is the exact question the trainer was asked
+    # (HistoryEntry.asked) with its hindsight answer, kept in blocks of this many decisions
+    # (0: the newest max_examples // 2, rendered anew, as before)
+    own_block: int = 0
 
 
 VARIANTS: dict[str, Variant] = {
@@ -85,7 +104,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("zero-shot", reason_first=False, examples="none"),
         Variant("reason-first", reason_first=True, examples="none"),
         Variant("few-shot", reason_first=True, examples="canned"),
-        Variant("default", reason_first=True, examples="history", evidence_reason=True),
+        Variant("default", reason_first=True, examples="history", evidence_reason=True, own_block=OWN_BLOCK),
         Variant("free-reason", reason_first=True, examples="history"),
         Variant("signals", reason_first=True, examples="history", signals=True),
         Variant("judge", reason_first=True, examples="canned", max_examples=3),
@@ -106,6 +125,7 @@ class Prompt:
     schema: dict[str, Any]
     hash: str  # identifies the prompt design (variant, templates, schema, canned examples)
     variant: str
+    asked: str = ""  # the question's text after its opening (facts or "Same run."): HistoryEntry.asked
 
 
 def per_minibatch(window: dict, key: str) -> float | None:
@@ -513,13 +533,18 @@ class ContextBuilder:
         self.start_schema = answer_schema(self.variant.reason_first, self.variant.evidence_reason, measured=False)
         self.answer_text = ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST
         self.system = SYSTEM_TEMPLATE + "\n" + self.answer_text  # constant per variant: cached
+        variant = asdict(self.variant)
+        if not variant["own_block"]:  # (the designs of the variants without it, as before)
+            del variant["own_block"]
         design = {
-            "variant": asdict(self.variant), "system": SYSTEM_TEMPLATE, "run": RUN_TEMPLATE,
+            "variant": variant, "system": SYSTEM_TEMPLATE, "run": RUN_TEMPLATE,
             "schema": self.schema, "start_schema": self.start_schema, "answer": self.answer_text,
             "canned": [CANNED_CONTEXT, CANNED] if self.variant.examples != "none" else None,
         }
         if self.variant.examples == "history":  # the run's facts once, not per own example (issue 16)
             design["facts"] = "once"
+        if self.variant.own_block:  # own examples = the exact questions asked, in blocks (issue 16)
+            design["own_examples"] = "asked"
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
 
     def _init_judge(self) -> None:
@@ -534,7 +559,8 @@ class ContextBuilder:
         system, canned = ((JUDGE_HISTORY_SYSTEM, [HISTORY_CONTEXT, JUDGE_HISTORY_CANNED]) if self.history_only
                           else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
         self.system = system + "\n" + self.answer_text
-        design = {"variant": asdict(self.variant), "system": system, "run": RUN_TEMPLATE,
+        variant = {k: v for k, v in asdict(self.variant).items() if k != "own_block"}
+        design = {"variant": variant, "system": system, "run": RUN_TEMPLATE,
                   "schema": self.schema, "answer": self.answer_text, "canned": canned}
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -733,7 +759,9 @@ class ContextBuilder:
         if self.judge:
             return self._judge_examples(), 0
         own: list[tuple[str, dict]] = []
-        if v.examples == "history":
+        if v.examples == "history" and v.own_block:
+            own = self._asked_examples(history)
+        elif v.examples == "history":
             for h in reversed(history):
                 if len(own) >= v.max_examples // 2:
                     break
@@ -764,6 +792,41 @@ class ContextBuilder:
         # server keeps in its KV cache), this run's own after them
         return canned[: v.max_examples] + own, len(own)
 
+    def _asked_examples(self, history: list[HistoryEntry]) -> list[tuple[str, dict]]:
+        """This run's own examples, prefix-stable (issue 16): each judged decision whose hindsight
+        answer is clear, as the exact question the trainer was asked (HistoryEntry.asked: its
+        "Recent decisions" as they stood then, the window) and that answer, oldest first; only
+        those of the asked question's block (OWN_BLOCK decisions by decision number; the asked
+        question's number: the newest decision's + 1), after the newest one of the blocks before
+        (its window only, not the question: it is read once per block). A trainer's next prompt
+        then extends its last one: the question it was asked comes back as an example where that
+        question stood (the server kept it), and only the answer's tail and the new question are
+        read. At the first question of a block the older examples drop at once (that question
+        reads the one kept from before and itself). A decision is judged before the next question as
+        a rule (the window that judges it closes during the other trainers' turns), so its
+        example appears right after its question; an unclear one is left out, which breaks
+        nothing (the next question follows the examples before it). The first example shown
+        opens with the run's facts, as the question it was did."""
+        v = self.variant
+        eligible = []
+        for i, h in enumerate(history):
+            ex = hindsight_example(h, self.ctx.capacity, self.ctx.depth > 0)
+            if ex is None or not h.decision:
+                continue
+            judged = h.judged or {}
+            prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
+            ex["reason"] = evidence(judged, prev, self.ctx.capacity, self.ctx.depth > 0) + conclusion(ex["replace"])
+            asked = h.asked
+            if asked is None:  # a record without it (eval windows): the question as it would have read
+                asked = self.render_history(history[:i]) + "\n" + self.render_window(judged, prev)
+            eligible.append((h.decision, asked, ex, self.render_window(judged, prev)))
+        if not eligible:
+            return []
+        block = history[-1].decision // v.own_block  # the asked question's: (newest + 1 - 1) // K
+        before = [(window, ex) for d, _, ex, window in eligible if (d - 1) // v.own_block < block]
+        shown = before[-1:] + [(asked, ex) for d, asked, ex, _ in eligible if (d - 1) // v.own_block == block]
+        return [(self._head(i == 0) + text, ex) for i, (text, ex) in enumerate(shown)]
+
     def _head(self, first: bool) -> str:
         """How a message of this run opens: the run's facts (first) or "Same run."."""
         return self.static_text() + "\n" if first else "Same run.\n"
@@ -793,10 +856,10 @@ class ContextBuilder:
             msgs.append({"role": "user", "content": user})
             msgs.append({"role": "assistant", "content": json.dumps(_ordered(answer, self.variant.reason_first))})
         # the facts once: here unless an example of this run's own stated them already
-        user = self._head(own == 0) + "\n".join([self.render_history(hist), self.render_window(window, recent)])
-        msgs.append({"role": "user", "content": user})
+        asked = "\n".join([self.render_history(hist), self.render_window(window, recent)])
+        msgs.append({"role": "user", "content": self._head(own == 0) + asked})
         schema = self.start_schema if window.get("window") == START_WINDOW else self.schema
-        return Prompt(msgs, schema, self.hash, self.variant.name)
+        return Prompt(msgs, schema, self.hash, self.variant.name, asked)
 
 
 def _ordered(answer: dict, reason_first: bool) -> dict:

@@ -229,3 +229,6 @@ class HistoryEntry(BaseModel):
     outcome_remote_rows: Direction | None = None
     correct: bool | None = None
     judged: dict[str, Any] | None = Field(None, description="the window the decision judged")
+    asked: str | None = Field(None, description="the question's text as the trainer asked it, after "
+                              "its opening (Prompt.asked): the `default` prompt's own example of this "
+                              "window repeats it exactly, so the next prompt extends the last one")

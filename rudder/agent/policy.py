@@ -206,6 +206,7 @@ class LLMDecider(Decider):
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._history: list[HistoryEntry] = []  # applied decisions, oldest first (shown in prompts)
+        self._asked: dict[int, str] = {}  # decision -> its question's text (HistoryEntry.asked)
         self._n = 0
         self.dropped_windows = 0
         self._load_error: str | None = None
@@ -270,11 +271,13 @@ class LLMDecider(Decider):
 
     def applied(self, v: Verdict) -> None:
         d = v.record
+        with self._lock:
+            asked = self._asked.pop(d.decision, None)
         v.memo = entry = HistoryEntry(
             decision=d.decision, window=d.window, replace=d.replace, budget=d.budget, admit=d.admit,
             evict=d.evict, rows=v.rows or None, expected_hit_rate=d.expected_hit_rate,
             expected_remote_rows=d.expected_remote_rows, fallback=d.fallback, staleness=d.staleness,
-            judged=v.point.raw)
+            judged=v.point.raw, asked=asked)
         with self._lock:
             self._history.append(entry)
             del self._history[:-HISTORY_KEEP]
@@ -393,6 +396,10 @@ class LLMDecider(Decider):
         self._n += 1
         try:
             prompt = self.builder.build(point.raw, self.history(), point.recent)
+            with self._lock:  # its own example later repeats the question exactly (prefix-stable)
+                self._asked[self._n] = prompt.asked
+                for k in [k for k in self._asked if k < self._n - HISTORY_KEEP]:
+                    del self._asked[k]  # never applied (superseded, or the run ended)
             if self._maker is None:
                 d = Decision(reason=f"fallback: model load failed: {self._load_error}"[:2000],
                              fallback=self.agent_cfg.fallback, model=self.agent_cfg.model.name,
