@@ -117,10 +117,13 @@ PINNED_PROMPTS = [
      "0db09515992a01b8a2156198a0a48ffb2959ae74ffd5776c38f7ac4bdb126395"),
     (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
     (("judge-history",), 56, "d94e6058f3034171049d1b7383fafc91956ce347ff1a3af6364f415cbd469187"),
+    # h18d: judge-history with the past counterfactual, its own examples, actions-only history
+    (("judge-history-2",), 56, "9104864623d2a559c45a8d15ae0d811f332ebbf8501a650a7e5e69a3d054ccae"),
 ]
 
 
-@pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS, ids=["six", "judge", "judge-history"])
+@pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS,
+                         ids=["six", "judge", "judge-history", "judge-history-2"])
 def test_prompts_are_byte_identical(variants, count, pinned):
     """Every labelled window's prompt under every variant, digested: a change to any prompt
     (text, schema or design hash) changes this digest. Re-pin only for an intended change."""
