@@ -118,7 +118,7 @@ PINNED_PROMPTS = [
     (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
     (("judge-history",), 56, "d94e6058f3034171049d1b7383fafc91956ce347ff1a3af6364f415cbd469187"),
     # h18d: judge-history with the past counterfactual, its own examples, actions-only history
-    (("judge-history-2",), 56, "9104864623d2a559c45a8d15ae0d811f332ebbf8501a650a7e5e69a3d054ccae"),
+    (("judge-history-2",), 56, "b2bac4dad88bc28353876cca9336e3fab665f896c393649417db7627d49f057c"),
 ]
 
 
