@@ -91,6 +91,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("judge", reason_first=True, examples="canned", max_examples=3),
         Variant("judge-history", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-history-2", reason_first=True, examples="canned", max_examples=4),
+        Variant("judge-history-2b", reason_first=True, examples="canned", max_examples=4),
     ]
 }
 
@@ -231,8 +232,12 @@ CANNED: list[dict[str, Any]] = [
 
 
 # ---- the judge variant (issue 18): signals, not a verdict --------------------------------------
-HISTORY_VARIANTS = {"judge-history", "judge-history-2"}  # history-only runs (no lookahead)
-PAST_VARIANTS = {"judge-history-2"}  # the past counterfactual shown (h18d)
+HISTORY_VARIANTS = {"judge-history", "judge-history-2", "judge-history-2b"}  # history-only runs (no lookahead)
+PAST_VARIANTS = {"judge-history-2", "judge-history-2b"}  # the past counterfactual shown (h18d)
+# judge-history-2b: judge-history-2 without the run's own decisions ("Recent decisions: none."
+# always): under judge-history-2 Qwen-0.5B wrote "saved 9.6%, a round pays: keep" for nine
+# windows after its first keep, then "cost 1.7%, a round pays: replace" after its first replaces
+NO_OWN_HISTORY = {"judge-history-2b"}
 JUDGE_VARIANTS = {"judge", *HISTORY_VARIANTS}
 TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many windows (current included)
 
@@ -621,7 +626,7 @@ class ContextBuilder:
     def __init__(self, ctx: RunContext | dict, variant: str = "default", history: int = 4):
         self.ctx = as_context(ctx)
         self.variant = get_variant(variant)
-        self.history_k = history
+        self.history_k = 0 if variant in NO_OWN_HISTORY else history
         if self.variant.name in JUDGE_VARIANTS:
             self._init_judge()
             return
