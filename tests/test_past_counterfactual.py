@@ -145,3 +145,13 @@ def test_judge_history_2_builds_with_a_constant_prefix_and_actions_only():
     # judge-history's own prompt does not show it
     old = ContextBuilder(PAST_CONTEXT, "judge-history").build(w, [], []).messages[-1]["content"]
     assert "replayed" not in old
+
+
+def test_judge_history_2b_shows_no_own_decisions():
+    h = [HistoryEntry(decision=1, window=2, replace=False, budget="small", expected_hit_rate="flat",
+                      expected_remote_rows="flat")]
+    a = ContextBuilder(PAST_CONTEXT, "judge-history-2").build(PAST_CANNED[1]["window"], h, [])
+    b = ContextBuilder(PAST_CONTEXT, "judge-history-2b").build(PAST_CANNED[1]["window"], h, [])
+    assert a.messages[:-1] == b.messages[:-1] and a.hash != b.hash
+    assert "- #1 window 2: keep" in a.messages[-1]["content"]
+    assert "Recent decisions: none." in b.messages[-1]["content"] and "#1" not in b.messages[-1]["content"]
