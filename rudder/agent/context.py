@@ -40,6 +40,13 @@ Prompt variants (scored by `rudder agent eval`):
                 in history-only runs the models copied their words (BENCHMARKS 7f). Instead of
                 admission it asks `evict` (stale|half: which slots the round counts stale, issue
                 18's "which slots") and shows the slots stale at half the period (BENCHMARKS 7g).
+  judge-history-2 judge-history plus the past counterfactual (h18d, BENCHMARKS 7h): what a
+                round at the last window close would have done to the window just closed,
+                replayed from the buffer as it was (window fields past_*, computed by the
+                replay: rudder.sim.replay.BufferReplayer), as "saved / cost" shares per budget
+                and evict word; its own canned windows (a held-out trainer's, keep and replace
+                alternating, the reasons quoting the best round) and the run's history as its
+                actions only. judge-history-2b: the same without the run's own decisions.
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
