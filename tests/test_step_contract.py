@@ -121,10 +121,14 @@ PINNED_PROMPTS = [
     (("default",), 56, "c4f3c72bce02824116234cb58e94a2c5eaa9606c66c2b109bc37498bde7a0848"),
     (("judge",), 56, "5b32bc2053b9eda173993b2c6cb788fcb8ffdf0c9f76a7e977a7ebe054dd3f1e"),
     (("judge-history",), 56, "d94e6058f3034171049d1b7383fafc91956ce347ff1a3af6364f415cbd469187"),
+    # h18d: judge-history with the past counterfactual, its own examples, actions-only history
+    (("judge-history-2",), 56, "b2bac4dad88bc28353876cca9336e3fab665f896c393649417db7627d49f057c"),
+    (("judge-history-2b",), 56, "9bdfe3c680405e52522858fe6243807a5bb1a91f2cebd1b94fb2e1a2e6b863f1"),  # without own decisions
 ]
 
 
-@pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS, ids=["five", "default", "judge", "judge-history"])
+@pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS,
+                         ids=["five", "default", "judge", "judge-history", "judge-history-2", "judge-history-2b"])
 def test_prompts_are_byte_identical(variants, count, pinned):
     """Every labelled window's prompt under every variant, digested: a change to any prompt
     (text, schema or design hash) changes this digest. Re-pin only for an intended change."""

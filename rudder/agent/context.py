@@ -44,6 +44,13 @@ Prompt variants (scored by `rudder agent eval`):
                 in history-only runs the models copied their words (BENCHMARKS 7f). Instead of
                 admission it asks `evict` (stale|half: which slots the round counts stale, issue
                 18's "which slots") and shows the slots stale at half the period (BENCHMARKS 7g).
+  judge-history-2 judge-history plus the past counterfactual (h18d, BENCHMARKS 7h): what a
+                round at the last window close would have done to the window just closed,
+                replayed from the buffer as it was (window fields past_*, computed by the
+                replay: rudder.sim.replay.BufferReplayer), as "saved / cost" shares per budget
+                and evict word; its own canned windows (a held-out trainer's, keep and replace
+                alternating, the reasons quoting the best round) and the run's history as its
+                actions only. judge-history-2b: the same without the run's own decisions.
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -109,6 +116,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("signals", reason_first=True, examples="history", signals=True),
         Variant("judge", reason_first=True, examples="canned", max_examples=3),
         Variant("judge-history", reason_first=True, examples="canned", max_examples=4),
+        Variant("judge-history-2", reason_first=True, examples="canned", max_examples=4),
+        Variant("judge-history-2b", reason_first=True, examples="canned", max_examples=4),
     ]
 }
 
@@ -250,7 +259,13 @@ CANNED: list[dict[str, Any]] = [
 
 
 # ---- the judge variant (issue 18): signals, not a verdict --------------------------------------
-JUDGE_VARIANTS = {"judge", "judge-history"}
+HISTORY_VARIANTS = {"judge-history", "judge-history-2", "judge-history-2b"}  # history-only runs (no lookahead)
+PAST_VARIANTS = {"judge-history-2", "judge-history-2b"}  # the past counterfactual shown (h18d)
+# judge-history-2b: judge-history-2 without the run's own decisions ("Recent decisions: none."
+# always): under judge-history-2 Qwen-0.5B wrote "saved 9.6%, a round pays: keep" for nine
+# windows after its first keep, then "cost 1.7%, a round pays: replace" after its first replaces
+NO_OWN_HISTORY = {"judge-history-2b"}
+JUDGE_VARIANTS = {"judge", *HISTORY_VARIANTS}
 TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many windows (current included)
 
 JUDGE_SYSTEM = f"""\
@@ -402,6 +417,119 @@ JUDGE_HISTORY_CANNED: list[dict[str, Any]] = [
 ]
 
 
+# ---- judge-history-2 (h18d): the past counterfactual, measured ------------------------------
+# judge-history's windows plus one measured past fact: the window just closed, replayed from the
+# buffer as it was at its start with one round at its first minibatch (each budget x evict word)
+# and without (rudder.sim.replay.BufferReplayer, Policy.past_rounds: window fields
+# past_keep_fetched, past_fetched_<budget>_<evict>). With judge-history Qwen2.5-Coder-0.5B kept
+# at every window and copied the last example's reason form (BENCHMARKS 7g); here the history
+# shows actions only (no before/after "correct"/"wrong"), and the examples alternate
+# keep, replace, keep, replace, each reason quoting the window's own past counterfactual.
+PAST_SYSTEM = JUDGE_HISTORY_SYSTEM.replace(
+    "- link (where measured)",
+    "- a round at this window's start, replayed: the window just closed played again from the buffer as it was "
+    "at its start, with one round at its first minibatch (each budget and evict word) and without: the share of "
+    "the window's fetched rows that round would have saved, or cost. Measured on the past, not a forecast\n"
+    "- link (where measured)")
+PAST_CONTEXT = HISTORY_CONTEXT  # the same held-out trainer's facts (halo 5,680, capacity 1,420)
+PAST_ORDER = [(b, e) for e in ("stale", "half") for b in ("small", "medium", "large")]
+
+
+def _past(keep: int, rows: dict[str, int]) -> dict:
+    return {"past_minibatches": 5, "past_keep_fetched": keep,
+            **{f"past_fetched_{b}_{e}": rows[f"{b}_{e}"] for b, e in PAST_ORDER}}
+
+
+# Four windows of the held-out example run (history_cold_small's settings on partition 1 of
+# synth-small's 2, seed order 1: tracegen digest a53ee6115dcf, regenerated in h18d; a coin decider,
+# medium/stale, seeds 0-2: `python benchmarks/bench_past_cf.py pool`), answered as the
+# counterfactual judge found right over the next 2 windows (its best option):
+#   seed 1 window 10: every option cost (best -0.05% of the next windows' remote rows): keep
+#   seed 0 window 2: large/half saved 9.2% (large/stale 7.3%): replace large/half
+#   seed 0 window 9: every option cost (-0.14% stale, -0.42% half): keep
+#   seed 2 window 6: medium/stale saved 1.44% (large/stale 1.28%, large/half 0.83%): replace medium/stale
+PAST_CANNED: list[dict[str, Any]] = [
+    {
+        "window": {"window": 10, "first_step": 50, "last_step": 54, "minibatches": 5, "hit_rate": 0.3151,
+                   "remote_rows": 18060, "fetched_rows": 12410, "replaced_rows": 41, "stale_slots": 10,
+                   "stale_half": 77, "buffer_fill": 1420, "missed_nodes": 3872, "missed_again": 3431,
+                   "missed_union": 4425,
+                   **_past(12318, {"small_stale": 12393, "medium_stale": 12410, "large_stale": 12410,
+                                   "small_half": 12393, "medium_half": 12497, "large_half": 12497})},
+        "recent": [_mb(0.3102, 17809, 12284), _mb(0.3071, 18543, 12849), _mb(0.3163, 17815, 12275)],
+        "answer": {"reason": "best round small/stale cost 0.6%, no round pays: keep",
+                   "replace": False, "budget": "small", "evict": "stale",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
+    {
+        "window": {"window": 2, "first_step": 10, "last_step": 14, "minibatches": 5, "hit_rate": 0.2038,
+                   "remote_rows": 18323, "fetched_rows": 14589, "replaced_rows": 0, "stale_slots": 418,
+                   "stale_half": 1094, "buffer_fill": 1420, "missed_nodes": 3920, "missed_again": 3664,
+                   "missed_union": 4168,
+                   **_past(14589, {"small_stale": 14360, "medium_stale": 14340, "large_stale": 14340,
+                                   "small_half": 14360, "medium_half": 13818, "large_half": 13322})},
+        "recent": [_mb(0.2001, 18556, 14843), _mb(0.199, 17708, 14184)],
+        "answer": {"reason": "best round large/half saved 8.7%, a round pays: replace",
+                   "replace": True, "budget": "large", "evict": "half",
+                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
+    },
+    {
+        "window": {"window": 9, "first_step": 45, "last_step": 49, "minibatches": 5, "hit_rate": 0.3159,
+                   "remote_rows": 17815, "fetched_rows": 12221, "replaced_rows": 33, "stale_slots": 18,
+                   "stale_half": 94, "buffer_fill": 1420, "missed_nodes": 3849, "missed_again": 3439,
+                   "missed_union": 4444,
+                   **_past(12164, {"small_stale": 12219, "medium_stale": 12221, "large_stale": 12221,
+                                   "small_half": 12219, "medium_half": 12311, "large_half": 12311})},
+        "recent": [_mb(0.3016, 18400, 12921), _mb(0.3106, 17809, 12278), _mb(0.31, 18543, 12890)],
+        "answer": {"reason": "best round small/stale cost 0.5%, no round pays: keep",
+                   "replace": False, "budget": "small", "evict": "stale",
+                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
+    },
+    {
+        "window": {"window": 6, "first_step": 30, "last_step": 34, "minibatches": 5, "hit_rate": 0.2873,
+                   "remote_rows": 18400, "fetched_rows": 13114, "replaced_rows": 0, "stale_slots": 576,
+                   "stale_half": 718, "buffer_fill": 1420, "missed_nodes": 3817, "missed_again": 3489,
+                   "missed_union": 4130,
+                   **_past(13114, {"small_stale": 13027, "medium_stale": 12921, "large_stale": 12923,
+                                   "small_half": 13027, "medium_half": 12921, "large_half": 13038})},
+        "recent": [_mb(0.2467, 17934, 13520), _mb(0.2828, 18285, 13150), _mb(0.294, 17887, 12628)],
+        "answer": {"reason": "best round medium/stale saved 1.5%, a round pays: replace",
+                   "replace": True, "budget": "medium", "evict": "stale",
+                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
+    },
+]
+
+
+def past_counterfactual(w: dict) -> dict[str, float] | None:
+    """{"<budget>/<evict>": change of the window's fetched rows had a round run at its start,
+    relative to no round (negative: the round saves rows)}, from the window's past
+    counterfactual fields (rudder.sim.replay.BufferReplayer); None where it has none."""
+    keep = w.get("past_keep_fetched")
+    if keep is None:
+        return None
+    out = {}
+    for b, e in PAST_ORDER:
+        v = w.get(f"past_fetched_{b}_{e}")
+        if v is not None:
+            out[f"{b}/{e}"] = (float(v) - keep) / max(1.0, float(keep))
+    return out or None
+
+
+def _saved(x: float) -> str:
+    return "no change" if abs(x) < 0.0005 else (f"saved {-100 * x:.1f}%" if x < 0 else f"cost {100 * x:.1f}%")
+
+
+def past_line(w: dict) -> str | None:
+    """The past counterfactual as the prompt shows it: every option, then the best one."""
+    pc = past_counterfactual(w)
+    if pc is None:
+        return None
+    best = min(pc, key=lambda k: (pc[k], list(pc).index(k)))
+    return ("a round at this window's start (replayed on its minibatches) would have: "
+            + ", ".join(f"{k} {_saved(v)}" for k, v in pc.items())
+            + f" of its fetched rows; best {best} {_saved(pc[best])}")
+
+
 def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int = 0,
                    lookahead: bool = True) -> dict[str, Any]:
     """The judge variant's signals of window `w` (recent: earlier windows, oldest first, as dicts
@@ -525,7 +653,7 @@ class ContextBuilder:
     def __init__(self, ctx: RunContext | dict, variant: str = "default", history: int = 4):
         self.ctx = as_context(ctx)
         self.variant = get_variant(variant)
-        self.history_k = history
+        self.history_k = 0 if variant in NO_OWN_HISTORY else history
         if self.variant.name in JUDGE_VARIANTS:
             self._init_judge()
             return
@@ -549,7 +677,8 @@ class ContextBuilder:
 
     def _init_judge(self) -> None:
         self.judge = True
-        self.history_only = self.variant.name == "judge-history"
+        self.history_only = self.variant.name in HISTORY_VARIANTS
+        self.past = self.variant.name in PAST_VARIANTS
         # judge: the lookahead round's admission; judge-history: the MassiveGNN round's stale
         # threshold (evict) instead -- admission means nothing without lookahead
         self.schema = (answer_schema(True, False, staleness=True) if self.history_only
@@ -558,6 +687,8 @@ class ContextBuilder:
         self.answer_text = JUDGE_HISTORY_ANSWER if self.history_only else JUDGE_ANSWER
         system, canned = ((JUDGE_HISTORY_SYSTEM, [HISTORY_CONTEXT, JUDGE_HISTORY_CANNED]) if self.history_only
                           else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
+        if self.past:
+            system, canned = PAST_SYSTEM, [PAST_CONTEXT, PAST_CANNED]
         self.system = system + "\n" + self.answer_text
         variant = {k: v for k, v in asdict(self.variant).items() if k != "own_block"}
         design = {"variant": variant, "system": system, "run": RUN_TEMPLATE,
@@ -566,6 +697,7 @@ class ContextBuilder:
 
     judge = False
     history_only = False  # judge-history: no lookahead lines, the misses' set drift shown
+    past = False  # judge-history-2: the past counterfactual shown, the history as actions only
 
     # ---- static context -------------------------------------------------------------------
     def static_text(self) -> str:
@@ -697,6 +829,10 @@ class ContextBuilder:
             if self.history_only and w.get("stale_half") is not None:  # what evict=half would free
                 stale += f"; at half the period {_num(w['stale_half'])} ({_pct(w['stale_half'] / cap, 0)})"
             lines.append(stale)
+        if self.past and w.get("window") != START_WINDOW:
+            line = past_line(w)
+            if line:
+                lines.append(line)
         if c.depth > 0 and sig["missing_share"] is not None:
             ahead = "the rest of the epoch lacks" if c.schedule_ahead else f"the next {c.lookahead} minibatches lack"
             s = (f"sampled ahead: {ahead} {_num(w.get('lookahead_missing'))} "
@@ -733,6 +869,9 @@ class ContextBuilder:
                 act = f"replace {h.budget}, admit {h.admit} ({h.rows} rows)"
             elif self.history_only and h.replace and h.evict:
                 act = f"replace {h.budget}, evict {h.evict} ({h.rows} rows)"
+            if self.past:  # the action only: no prediction graded before/after (h18d)
+                lines.append(f"- #{h.decision} {at}: {act}")
+                continue
             s = (f"- #{h.decision} {at}: {act}; predicted hit_rate {h.expected_hit_rate}, "
                  f"rows {h.expected_remote_rows}")
             if h.window == START_WINDOW:
@@ -838,6 +977,8 @@ class ContextBuilder:
         out, prev_ctx = [], None
         base, canned = ((HISTORY_CONTEXT, JUDGE_HISTORY_CANNED) if self.history_only
                         else (CANNED_CONTEXT, JUDGE_CANNED))
+        if self.past:
+            base, canned = PAST_CONTEXT, PAST_CANNED
         for e in canned[: self.variant.max_examples]:
             cctx = {**base, **e.get("context", {})}
             cb = ContextBuilder(cctx, self.variant.name, self.history_k)
@@ -904,5 +1045,5 @@ def hindsight_example(h: HistoryEntry, capacity: int = 0, lookahead: bool = Fals
             "expected": {"hit_rate": h.outcome_hit_rate, "remote_rows": h.outcome_remote_rows or "flat"}}
 
 
-__all__ = ["ContextBuilder", "window_signals", "JUDGE_VARIANTS", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
+__all__ = ["ContextBuilder", "window_signals", "JUDGE_VARIANTS", "PAST_VARIANTS", "past_counterfactual", "past_line", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
            "ROWS_TOL", "BUDGET_SHARE", "hindsight_example", "per_minibatch", "as_context"]

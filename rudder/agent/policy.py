@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from rudder.agent.context import ContextBuilder
+from rudder.agent.context import PAST_VARIANTS, ContextBuilder
 from rudder.agent.decision import DecisionMaker, resolve_fallback, warm_prompt
 from rudder.agent.judge import measure, reflect  # noqa: F401 (re-exported)
 from rudder.agent.messages import START_WINDOW, Decision, HistoryEntry, budget_rows
@@ -221,6 +221,7 @@ class LLMDecider(Decider):
         if self._maker is not None:
             self._maker.fallback = fb  # its records name the policy that actually steers
         self.builder = ContextBuilder(ctx, a.prompt, a.history)
+        self.wants_past = self.builder.variant.name in PAST_VARIANTS  # the past counterfactual shown
         self.fallback = fallback_policy(fb, self.cfg, ctx)
         if self._maker is None:
             if self._url or a.backend == "http":

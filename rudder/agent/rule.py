@@ -22,7 +22,7 @@ MassiveGNN round.
            rate" means: `lift` (default) a lift of drop/2 or more; `payback` any lift whose rows
            saved over PAYBACK_WINDOWS windows (the lift x the window's remote rows) cover the
            rows the round replaced -- a small round (a low budget, few stale slots) cannot show
-           a whole point, yet may pay (BENCHMARKS §7-live: history_cold_small)
+           a whole point, yet may pay (BENCHMARKS §7i: history_cold_small)
     probe  (off by default; `rule` extra probe=true, a run's `rule.probe: true`) the first window with stale slots runs a
            round although no hit rate fell -- a buffer that starts cold (a random initial fill)
            never shows a fall, so without a first round the rule never learns whether rounds

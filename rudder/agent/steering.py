@@ -53,6 +53,18 @@ def make_round(mechanism: str, rows: int | None, source: str, admit: str, evict:
     return Replace(mechanism, rows, source, admit, sa)
 
 
+def past_rounds(capacity: int, cfg) -> dict[str, Replace]:
+    """The rounds whose effect on the window just closed the past counterfactual measures
+    (Policy.past_rounds): every budget word x evict word, as a decision's round, labelled
+    "<budget>_<evict>" (the window fields `past_fetched_<label>`)."""
+    from rudder.agent.messages import BUDGET_SHARE
+    from rudder.agent.messages import budget_rows as word_rows
+    from rudder.prefetch.policy import EVICT_PERIODS
+
+    return {f"{b}_{e}": make_round("massivegnn", word_rows(b, capacity), "past", cfg.admit, e, cfg.period)
+            for e in EVICT_PERIODS for b in BUDGET_SHARE}
+
+
 class Regime:
     """The standing plan between two decisions."""
 
@@ -92,6 +104,7 @@ class Decider:
     model_label: str | None = None
     predicts = False  # True: judged on its predicted directions; False: on its action (LabelRule)
     fallback: Policy | None = None  # steers before the first answer and after fallback answers
+    wants_past = False  # True: its windows carry the past counterfactual (history-only runs)
 
     def __init__(self, rule: LabelRule | None = None) -> None:
         self.rule = rule or LabelRule()
@@ -186,6 +199,11 @@ class Steering(Policy):
 
     def wait_ready(self, timeout_s: float) -> float:
         return self.decider.wait_ready(timeout_s)
+
+    def past_rounds(self) -> dict[str, Replace] | None:
+        if not self.decider.wants_past or self.mechanism != "massivegnn" or self.ctx.capacity <= 0:
+            return None
+        return past_rounds(self.ctx.capacity, self.cfg)
 
     def wait_for_decision(self, timeout_s: float) -> bool:
         """Blocks until an answer waits for plan() (or timeout). Training never calls this; a

@@ -155,6 +155,14 @@ class Policy:
         """Decision records (DECISION_FIELDS) completed since the last call."""
         return []
 
+    def past_rounds(self) -> dict[str, Replace] | None:
+        """The past counterfactual this policy wants measured (issue 18, h18d): {label: round}.
+        At each window close a replay plays each round from the buffer as it was at that
+        window's start (no other round) over the window's own minibatches, and keep, and puts
+        the fetched rows of each in the window record (`past_keep_fetched`,
+        `past_fetched_<label>`; rudder.sim.replay.BufferReplayer). None: not wanted."""
+        return None
+
     def wait_ready(self, timeout_s: float) -> float:
         """Called once after setup, before the first minibatch: a policy with a slow start (the
         agent loading its model) may block here, at most `timeout_s`. Returns seconds waited.

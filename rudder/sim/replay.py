@@ -177,6 +177,8 @@ class BufferReplayer(Replayer):
                         future_remote=ahead, stale_slots=buf.stale_count(), buffer_fill=buf.size)
         if g == 0 and pol.start(lambda: buffer_state(buf, [remote, *ahead])) and self.wait_for_answer:
             self.waited += self.wait_for_answer(pol)  # the start decision applies at step 0
+        if g == 0 and self.records:
+            self._snapshot()  # the past counterfactual of the first window starts here
         sp = begin_step(buf, remote, pol.plan(info), ahead)
         finish_step(buf, sp)
         if self.verify:
@@ -193,6 +195,8 @@ class BufferReplayer(Replayer):
             timing = {"t_compute": self.clock.model.compute_s, "t_stall": stall}
         record = MinibatchRecord.of_step(pt.epochs[g], pt.steps[g], g, stats, **timing).to_dict()
         window = self.collector.add(record, lambda: buffer_state(buf, ahead, roll=True))
+        if window is not None:
+            self._past_counterfactual(window)
         pol.observe(record, window)
         if window is not None:
             self.windows.append(window)
@@ -200,6 +204,41 @@ class BufferReplayer(Replayer):
                 self.waited += self.wait_for_answer(pol)
         self.decisions.extend(pol.decisions())
         return c
+
+    # ---- the past counterfactual (issue 18, h18d) ------------------------------------------
+    _past: "BufferReplayer | None" = None  # the buffer as it was when the open window started
+
+    def _snapshot(self) -> None:
+        """Keeps the buffer's state at a window's start when the policy wants the past
+        counterfactual (Policy.past_rounds); a copy of the index and scores only."""
+        self._past = None
+        if self.policy.past_rounds() is None:
+            return
+        snap = self.fork(_OneRound(None, self.g))
+        snap.records, snap.clock, snap.wait_for_answer, snap.windows, snap.decisions = False, None, None, [], []
+        self._past = snap
+
+    def _past_counterfactual(self, window: dict) -> None:
+        """At a window close: the window's own minibatches replayed from the buffer as it was at
+        its start, with no round (`past_keep_fetched`) and with each round the policy names
+        (`past_fetched_<label>`) applied at its first minibatch -- what a round at the last
+        window close would have done to this window's fetched rows, a measured past fact. Live,
+        a trainer can compute the same from a copy of its buffer's index and scores at the
+        window's start and the window's remote id lists (not wired: replays only)."""
+        snap = self._past
+        rounds = self.policy.past_rounds()
+        if rounds and snap is not None:
+            start, stop = snap.g, self.g
+
+            def fetched(r) -> int:
+                c = replay(self.pt, snap.fork(_OneRound(r, start)), stop=stop)
+                return int(c["fetched_rows"][start:stop].sum())
+
+            window["past_minibatches"] = stop - start
+            window["past_keep_fetched"] = fetched(None)
+            for label, r in rounds.items():
+                window[f"past_fetched_{label}"] = fetched(r)
+        self._snapshot()
 
     def fork(self, policy: Policy | None = None) -> "BufferReplayer":
         """A copy with its own buffer (and `policy`, else a copy of this one's); the trace is
@@ -209,7 +248,19 @@ class BufferReplayer(Replayer):
         new.clock = copy.copy(self.clock)
         new.policy = policy if policy is not None else copy.deepcopy(self.policy)
         new.windows, new.decisions = list(self.windows), list(self.decisions)
+        new._past = None  # a fork never carries the snapshot chain
         return new
+
+
+class _OneRound(Policy):
+    """`round` (None: keep) at minibatch `first`, nothing else: a branch of the past
+    counterfactual."""
+
+    def __init__(self, round: Any, first: int):
+        self.round, self.first = round, first
+
+    def plan(self, step: StepInfo) -> Any:
+        return self.round if step.global_step == self.first else None
 
 
 class NoBufferReplayer(Replayer):

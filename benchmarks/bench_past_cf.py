@@ -1,0 +1,181 @@
+"""Issue 18 (h18d): the past counterfactual -- at each window close, what a round at the window
+before's close would have done to the window that just ran, replayed from the buffer as it was
+(rudder.sim.replay.BufferReplayer, Policy.past_rounds) -- and what it is worth.
+
+  python benchmarks/bench_past_cf.py rule [--scenario history_cold] [--margin 0.005]
+      the "follow the past counterfactual" rule: at each window close, replace with the round
+      (budget x evict) that would have saved the most of the window just closed, when it saved
+      more than --margin of its remote rows; else keep. Rows fetched over the whole trace.
+  python benchmarks/bench_past_cf.py pool --trace T/trace-r0.npz --seeds 0 1 2 [--json OUT]
+      a labelled pool of windows from a held-out trace: a coin decider (p 0.5, medium/stale)
+      played on it; at every window close the window record (with its past counterfactual) and
+      the counterfactual judge's shares of every option over the next --horizon windows (the
+      forks of bench_cf_oracle), labelled as bench_cf_suite labels (replace when the best option
+      saves > 0.5% of the horizon's remote rows, keep when none saves anything, else too close).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROOT = Path(__file__).resolve().parents[1]
+MARGIN = 0.005  # the judge's REPLACE_MARGIN
+
+
+def past_shares(window: dict) -> dict[str, float] | None:
+    """{label: share of the window's remote rows a round at its start would have saved}
+    (positive: saved) from a window's past counterfactual fields; None where it has none."""
+    keep = window.get("past_keep_fetched")
+    if keep is None:
+        return None
+    remote = max(1, int(window.get("remote_rows") or 0))
+    return {k[len("past_fetched_"):]: (keep - v) / remote for k, v in window.items() if k.startswith("past_fetched_")}
+
+
+def _policy_base():
+    from rudder.prefetch.policy import Policy
+
+    class PastPolicy(Policy):
+        """Plays `choose(window) -> label | None` at each window close (applied at the next
+        minibatch), with the past counterfactual measured on every window."""
+
+        def __init__(self, pc, capacity: int, choose):
+            from rudder.agent.steering import past_rounds
+
+            self.rounds = past_rounds(capacity, pc)
+            self.choose, self.next, self.windows, self.answers = choose, None, [], []
+
+        def past_rounds(self):
+            return self.rounds
+
+        def observe(self, metrics, window=None):
+            if window is None:
+                return
+            self.windows.append(dict(window))
+            label = self.choose(window)
+            self.answers.append(label)
+            self.next = (int(window["last_step"]) + 1, self.rounds[label]) if label else None
+
+        def plan(self, step):
+            if self.next and step.global_step == self.next[0]:
+                return self.next[1]
+            return None
+
+    return PastPolicy
+
+
+def play(trace, pc, choose, horizon: int = 0, judge_opts=None):
+    """Replays `trace` under PastPolicy(choose); with horizon > 0 also the judge's shares of
+    every option at every window close (forks). Returns (fetched rows, windows, answers, judged)."""
+    from rudder.sim.replay import BufferReplayer, PositionTrace, _OneRound, replay
+
+    PastPolicy = _policy_base()
+    pt, C, W = PositionTrace(trace), trace.capacity, pc.window
+    pol = PastPolicy(pc, C, choose)
+    run = BufferReplayer(pt, pol, C, alpha=pc.alpha, period=pc.period, depth=0, window=W)
+    run.fill(trace.init_positions()[:C])
+    S = len(pt)
+    judged = []
+    counts = None
+    if horizon:
+        for first in range(W, S + 1, W):
+            counts = replay(pt, run, counts, stop=first)
+            if first + horizon * W > S:
+                continue
+            span = slice(first, first + horizon * W)
+            got = {}
+            for label, r in [(None, None), *pol.rounds.items()]:
+                f = run.fork(_OneRound(r, first))
+                f.records = False
+                n = replay(pt, f, stop=span.stop)
+                got[label] = (int(n["fetched_rows"][span].sum()), int(n["remote_rows"][span].sum()))
+            keep, remote = got.pop(None)
+            judged.append({"first": first, **{k: (keep - v[0]) / max(1, remote) for k, v in got.items()}})
+    c = replay(pt, run, counts)
+    return int(c["fetched_rows"].sum()), pol.windows, pol.answers, judged
+
+
+def follow_rule(margin: float):
+    def choose(window):
+        sh = past_shares(window)
+        if not sh:
+            return None
+        best = max(sh, key=lambda k: (sh[k], -list(sh).index(k)))
+        return best if sh[best] > margin else None
+    return choose
+
+
+def coin(seed: int, p: float = 0.5, label: str = "medium_stale"):
+    rng = random.Random(seed)
+    return lambda window: label if rng.random() < p else None
+
+
+def label_of(j: dict) -> tuple[str | None, str]:
+    """(best option, label) of a judged window: replace / keep / close."""
+    opts = {k: v for k, v in j.items() if k != "first"}
+    best = max(opts, key=lambda k: opts[k])
+    if opts[best] > MARGIN:
+        return best, "replace"
+    if opts[best] <= 0:
+        return None, "keep"
+    return best, "close"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["rule", "pool"])
+    p.add_argument("--scenario", default="history_cold")
+    p.add_argument("--trace-dir", type=Path, default=Path("data/traces/baselines"))
+    p.add_argument("--trace", type=Path, help="pool: the held-out trace")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--margins", type=float, nargs="+", default=[MARGIN])
+    p.add_argument("--horizon", type=int, default=2)
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    from rudder.config import load_run_config
+    from rudder.trace import Trace
+
+    t0 = time.time()
+    cfg = load_run_config(ROOT / "configs" / "scenarios" / f"{a.scenario}.yaml")
+    pc = cfg.prefetch
+    if a.what == "rule":
+        trace = Trace.load(a.trace_dir / a.scenario / "trace-r0.npz")
+        out = {}
+        for m in a.margins:
+            rows, wins, ans, _ = play(trace, pc, follow_rule(m))
+            out[m] = {"fetched_rows": rows, "answers": ans}
+            seq = " ".join(x or "k" for x in ans)
+            print(f"{a.scenario} follow-the-past-counterfactual, margin {m}: {rows:,} rows; "
+                  f"{sum(x is not None for x in ans)}/{len(ans)} replace: {seq}")
+    else:
+        trace = Trace.load(a.trace)
+        out = {"trace": str(a.trace), "digest": trace.digest(), "pool": []}
+        for seed in a.seeds:
+            rows, wins, ans, judged = play(trace, pc, coin(seed), a.horizon)
+            by_first = {j["first"]: j for j in judged}
+            for i, w in enumerate(wins):
+                j = by_first.get(int(w["last_step"]) + 1)
+                if j is None:
+                    continue
+                best, lab = label_of(j)
+                out["pool"].append({"seed": seed, "window": w, "recent": wins[max(0, i - 3):i],
+                                    "decided": ans[i], "judged": j, "best": best, "label": lab})
+            print(f"seed {seed}: {rows:,} rows, labels " + " ".join(
+                e["label"][0] for e in out["pool"] if e["seed"] == seed))
+    print(f"({time.time() - t0:.0f} s)")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Issue 18 (h18d): the past counterfactual and the `judge-history-2` prompt. At each window close
+a replay plays the window's own minibatches again from the buffer as it was at its start, with
+no round and with each round the policy names (Policy.past_rounds) at its first minibatch; the
+window record carries the fetched rows of each (`past_keep_fetched`, `past_fetched_<label>`).
+judge-history-2 shows them as "saved / cost" shares, its history as actions only; its prefix is
+the same for every run, rank and window; the other variants are untouched (their pins:
+test_step_contract)."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from rudder.agent.context import (
+    HISTORY_CONTEXT,
+    PAST_CANNED,
+    PAST_CONTEXT,
+    ContextBuilder,
+    past_counterfactual,
+    past_line,
+)
+from rudder.agent.messages import Answer, HistoryEntry
+from rudder.agent.steering import past_rounds
+from rudder.config import PrefetchConfig
+from rudder.prefetch.policy import Policy, Replace
+from rudder.sim.replay import BufferReplayer, PositionTrace, replay
+from rudder.sim.tracegen import random_trace
+
+W = 5
+
+
+class _Rounds(Policy):
+    """Rounds at chosen minibatches ({step: Replace}); wants the past counterfactual of `wants`."""
+
+    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace] | None):
+        self.at, self.wants, self.windows = at, wants, []
+
+    def past_rounds(self):
+        return self.wants
+
+    def observe(self, metrics, window=None):
+        if window is not None:
+            self.windows.append(dict(window))
+
+    def plan(self, step):
+        return self.at.get(step.global_step)
+
+
+def _run(trace, at, wants):
+    pt = PositionTrace(trace)
+    pol = _Rounds(at, wants)
+    rp = BufferReplayer(pt, pol, trace.capacity, alpha=0.1, period=6, depth=0, window=W)
+    rp.fill(trace.init_positions()[: trace.capacity])
+    counts = replay(pt, rp)
+    return pol.windows, counts
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return random_trace(halo=400, minibatches=40, batch=80, capacity=0.25, skew=0.8, epochs=2, seed=5,
+                        init="random")
+
+
+def test_the_past_counterfactual_equals_a_replay_of_each_branch(trace):
+    C = trace.capacity
+    rounds = {"big_stale": Replace("massivegnn", C, "t"), "small_half": Replace("massivegnn", C // 10, "t", stale_after=3.0)}
+    # a run that never replaces: its keep branch is the window itself
+    wins, _ = _run(trace, {}, rounds)
+    assert len(wins) == 40 // W
+    for w in wins:
+        assert w["past_minibatches"] == W
+        assert w["past_keep_fetched"] == w["fetched_rows"]
+    # each round's branch: a run that applies that round (only) at the window's first minibatch
+    saved_any = False
+    for k in (1, 3, 6):
+        for label, r in rounds.items():
+            other, _ = _run(trace, {k * W: r}, None)
+            assert "past_keep_fetched" not in other[k]  # not wanted: not measured
+            assert wins[k][f"past_fetched_{label}"] == other[k]["fetched_rows"], (k, label)
+            saved_any |= other[k]["fetched_rows"] != wins[k]["fetched_rows"]
+    assert saved_any  # the branches differ somewhere (the test is not vacuous)
+    # a run whose own rounds differ: the branches start from its own buffer, before its round
+    mixed, _ = _run(trace, {2 * W: rounds["big_stale"]}, rounds)
+    assert mixed[2]["past_fetched_big_stale"] == mixed[2]["fetched_rows"]
+    assert mixed[2]["past_keep_fetched"] == wins[2]["fetched_rows"]
+
+
+def test_measuring_changes_nothing_of_the_run(trace):
+    C = trace.capacity
+    at = {2 * W: Replace("massivegnn", C, "t")}
+    a, ca = _run(trace, at, None)
+    b, cb = _run(trace, at, {"x": Replace("massivegnn", C // 2, "t")})
+    for k in ca:
+        assert (ca[k] == cb[k]).all()
+    strip = lambda ws: [{k: v for k, v in w.items() if not k.startswith("past_")} for w in ws]  # noqa: E731
+    assert strip(a) == strip(b)
+
+
+def test_past_rounds_are_every_budget_and_evict_word():
+    pc = PrefetchConfig(lookahead=0, period=10, alpha=0.05)
+    r = past_rounds(1000, pc)
+    assert list(r) == ["small_stale", "medium_stale", "large_stale", "small_half", "medium_half", "large_half"]
+    assert r["large_stale"].max_rows == 1000 and r["large_stale"].stale_after is None
+    assert r["small_half"].max_rows == 50 and r["small_half"].stale_after == 5.0
+    assert all(x.mechanism == "massivegnn" for x in r.values())
+
+
+def test_the_line_shows_each_share_and_the_best():
+    w = {"past_keep_fetched": 1000, **{f"past_fetched_{b}_{e}": v for (b, e), v in zip(
+        [(b, e) for e in ("stale", "half") for b in ("small", "medium", "large")], [990, 950, 1000, 1020, 930, 1100])}}
+    pc = past_counterfactual(w)
+    assert pc["small/stale"] == pytest.approx(-0.01) and pc["medium/half"] == pytest.approx(-0.07)
+    line = past_line(w)
+    assert "small/stale saved 1.0%" in line and "large/stale no change" in line and "small/half cost 2.0%" in line
+    assert line.endswith("best medium/half saved 7.0%")
+    assert past_counterfactual({"hit_rate": 0.3}) is None and past_line({}) is None
+
+
+def test_judge_history_2_builds_with_a_constant_prefix_and_actions_only():
+    w = dict(PAST_CANNED[1]["window"], window=7, first_step=35, last_step=39)
+    a = ContextBuilder(PAST_CONTEXT, "judge-history-2").build(w, [], PAST_CANNED[1]["recent"])
+    b = ContextBuilder({**HISTORY_CONTEXT, "rank": 0, "part_id": 0, "capacity": 12_916, "halo_nodes": 51_665},
+                       "judge-history-2").build(dict(w, window=3), [
+                           HistoryEntry(decision=1, window=2, replace=True, budget="large", evict="half", rows=12916,
+                                        expected_hit_rate="up", expected_remote_rows="down", correct=False,
+                                        outcome_hit_rate="up", outcome_remote_rows="up", hit_delta=0.01,
+                                        rows_delta=0.02)], [])
+    assert a.messages[:-1] == b.messages[:-1]  # system + canned examples: one cached prefix
+    assert a.hash == b.hash and a.variant == "judge-history-2"
+    assert len(a.messages) == 1 + 2 * 4 + 1
+    last = b.messages[-1]["content"]
+    assert "- #1 window 2: replace large, evict half (12916 rows)" in last
+    assert "correct" not in last and "wrong" not in last  # no before/after grade in this variant
+    assert "best large/half saved 8.7%" in a.messages[-1]["content"]
+    # the canned answers: valid, balanced, alternating, each reason quoting its window's best round
+    answers = [json.loads(m["content"]) for m in a.messages[2:-1:2]]
+    assert [x["replace"] for x in answers] == [False, True, False, True]
+    for e, x in zip(PAST_CANNED, answers):
+        Answer.model_validate(x)
+        jsonschema.validate(x, a.schema)
+        best = past_line(e["window"]).rsplit("; best ", 1)[1]
+        assert best in x["reason"]
+        assert (x["budget"] + "/" + x["evict"]) in best
+    # judge-history's own prompt does not show it
+    old = ContextBuilder(PAST_CONTEXT, "judge-history").build(w, [], []).messages[-1]["content"]
+    assert "replayed" not in old
+
+
+def test_judge_history_2b_shows_no_own_decisions():
+    h = [HistoryEntry(decision=1, window=2, replace=False, budget="small", expected_hit_rate="flat",
+                      expected_remote_rows="flat")]
+    a = ContextBuilder(PAST_CONTEXT, "judge-history-2").build(PAST_CANNED[1]["window"], h, [])
+    b = ContextBuilder(PAST_CONTEXT, "judge-history-2b").build(PAST_CANNED[1]["window"], h, [])
+    assert a.messages[:-1] == b.messages[:-1] and a.hash != b.hash
+    assert "- #1 window 2: keep" in a.messages[-1]["content"]
+    assert "Recent decisions: none." in b.messages[-1]["content"] and "#1" not in b.messages[-1]["content"]
