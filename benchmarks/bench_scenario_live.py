@@ -7,7 +7,7 @@ replay rows of bench_baselines.py.
       --repeats 2 --bandwidth 100mbit
 
 Policy words: none, static, fixed:PERIOD[:half] (prefetch.period, prefetch.evict), lookahead
-[:any] (prefetch.admit), rule[+probe][+half][+pay] (the run config's `rule:` section: probe, evict half, catchup payback), agent:MODEL
+[:any] (prefetch.admit), rule[+probe][+half][+pay] (the run config's `rule:` section: probe, evict half, go_on payback), agent:MODEL
 (in-process, the scenario's prompt).
 The runs go in rounds, every policy once per round in turn, so load drifting over the benchmark
 falls on all of them alike; each figure is the median over the rounds. Rows and epoch time are
@@ -50,7 +50,7 @@ def overrides_for(word: str) -> dict:
         if opts - {"probe", "half", "pay"}:
             raise SystemExit(f"bad policy word {word!r}: rule takes +probe, +half and +pay")
         return {"prefetch.policy": "rule", "rule.probe": "probe" in opts, "rule.evict": "half" if "half" in opts else None,
-                "rule.catchup": "payback" if "pay" in opts else "lift"}
+                "rule.go_on": "payback" if "pay" in opts else "lift"}
     if base == "agent" and arg:
         return {"prefetch.policy": "agent", "agent.model.name": arg, "agent.backend": "inproc"}
     raise SystemExit(f"unknown policy word {word!r} (see --help)")

@@ -166,7 +166,7 @@ class RuleConfig(Strict):
     drop: float = Field(0.02, gt=0, le=1)  # hit-rate fall (fraction) below the best: buy it back
     probe: bool = False  # history only: one first round without a fall (a cold buffer shows none)
     evict: Literal["stale", "half", "catchup"] | None = None  # None: prefetch.evict at every round
-    catchup: Literal["lift", "payback"] = "lift"  # after a round: a lift of drop/2, or one that pays its rows
+    go_on: Literal["lift", "payback"] = "lift"  # after a round: a lift of drop/2, or one that pays its rows
 
 
 class ModelConfig(Strict):

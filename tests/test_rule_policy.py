@@ -193,8 +193,8 @@ def test_a_runs_rule_section_reaches_the_live_policy(tmp_path):
         load_run_config(cfg_file)
 
 
-def test_payback_catchup_goes_on_while_a_rounds_lift_pays_its_rows():
-    """catchup=payback: after a round, go on when the lift x the window's remote rows x 2 windows
+def test_payback_go_on_goes_on_while_a_rounds_lift_pays_its_rows():
+    """go_on=payback: after a round, go on when the lift x the window's remote rows x 2 windows
     covers the rows the round replaced; `lift` (default) asks drop/2 = 1 pt whatever the round's
     size. A small round lifting +0.5 pt pays (0.005 x 10,000 x 2 = 100 >= 20 rows): payback goes on,
     lift stops; a large one lifting as much (500 rows) does not pay: both stop."""
@@ -209,9 +209,9 @@ def test_payback_catchup_goes_on_while_a_rounds_lift_pays_its_rows():
         return [r["replace"] for r in recs], recs
 
     assert run(20)[0] == [True, False, False]  # lift: +0.5 pt < 1 pt, stop
-    said, recs = run(20, catchup="payback")
+    said, recs = run(20, go_on="payback")
     assert said == [True, True, True]
     assert "saving ~100 rows in 2 windows for 20" in recs[1]["reason"]
-    assert run(500, catchup="payback")[0] == [True, False, False]
-    with pytest.raises(ValueError, match="catchup"):
-        RulePolicy(PrefetchConfig(policy="rule"), catchup="sometimes")
+    assert run(500, go_on="payback")[0] == [True, False, False]
+    with pytest.raises(ValueError, match="go_on"):
+        RulePolicy(PrefetchConfig(policy="rule"), go_on="sometimes")

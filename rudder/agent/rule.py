@@ -18,7 +18,7 @@ MassiveGNN round.
            again while each round lifts the hit rate by drop/2 or more and stale slots remain
            (the stream moved: catch up); else keep, and the level reached is the new reference
            (a round costs its rows, so it must buy back hits that were lost)
-    catchup (`rule` extra catchup=..., a run's `rule.catchup`) what "each round lifts the hit
+    go_on  (`rule` extra go_on=..., a run's `rule.go_on`) what "each round lifts the hit
            rate" means: `lift` (default) a lift of drop/2 or more; `payback` any lift whose rows
            saved over PAYBACK_WINDOWS windows (the lift x the window's remote rows) cover the
            rows the round replaced -- a small round (a low budget, few stale slots) cannot show
@@ -47,7 +47,7 @@ from rudder.config import PrefetchConfig, RuleConfig
 
 DROP = RuleConfig().drop  # hit-rate fall (fraction units) below the best since the last round: buy it back
 EVICT_MODES = (None, "stale", "half", "catchup")  # the rule's `evict` extra (module docstring)
-CATCHUP_MODES = ("lift", "payback")  # the rule's `catchup` extra (module docstring)
+GO_ON_MODES = ("lift", "payback")  # the rule's `go_on` extra (module docstring)
 PAYBACK_WINDOWS = 2  # the counterfactual judge's horizon: the two windows after a decision
 
 
@@ -65,16 +65,16 @@ class RuleDecider(Decider):
     backend = "rule"
 
     def __init__(self, *, drop: float = DROP, rule: LabelRule | None = None, probe: bool = False,
-                 evict: str | None = None, catchup: str = "lift"):
+                 evict: str | None = None, go_on: str = "lift"):
         if not 0 < drop <= 1:
             raise ValueError(f"rule: drop (a hit-rate fall, 0..1) must be in (0, 1], got {drop}")
         if evict not in EVICT_MODES:
             raise ValueError(f"rule: unknown evict {evict!r}; valid: {', '.join(map(str, EVICT_MODES))}")
-        if catchup not in CATCHUP_MODES:
-            raise ValueError(f"rule: unknown catchup {catchup!r}; valid: {', '.join(CATCHUP_MODES)}")
+        if go_on not in GO_ON_MODES:
+            raise ValueError(f"rule: unknown go_on {go_on!r}; valid: {', '.join(GO_ON_MODES)}")
         super().__init__(rule)
         self.drop = drop
-        self.catchup = catchup
+        self.go_on = go_on
         self.evict = evict
         self._probe = bool(probe)  # a first round not yet tried (history only)
         self._best: float | None = None  # best hit rate since the reference was set
@@ -113,7 +113,7 @@ class RuleDecider(Decider):
         if self._round_at is not None:  # the window after a round: did it help?
             lift, self._round_at = s.hit_rate - self._round_at, None
             why = f"the last round lifted the hit rate {100 * lift:+.1f} pt, {s.stale_slots} stale"
-            if self.catchup == "payback":  # the rows the lift saves against the rows the round took
+            if self.go_on == "payback":  # the rows the lift saves against the rows the round took
                 saved = lift * s.remote_rows * s.minibatches * PAYBACK_WINDOWS
                 paid = lift > 0 and saved >= s.replaced_rows
                 why += f", saving ~{max(saved, 0):,.0f} rows in {PAYBACK_WINDOWS} windows for {s.replaced_rows:,.0f}"
@@ -146,7 +146,7 @@ class RulePolicy(Steering):
 
     knobs (`rudder sim` rule:LOOKAHEAD:BUDGET:ADMIT:WINDOW): lookahead 0 = history only.
     extra: drop (the rule's threshold), probe (a first round without a fall), evict (which
-    slots its rounds count stale: None, stale, half, catchup), catchup (lift, payback), margin and cost (the LabelRule
+    slots its rounds count stale: None, stale, half, catchup), go_on (lift, payback), margin and cost (the LabelRule
     that fills `correct`);
     agent= and other keys are ignored."""
 
@@ -154,7 +154,7 @@ class RulePolicy(Steering):
     knobs = ("lookahead", "budget", "admit", "window")
 
     def __init__(self, cfg: PrefetchConfig, *, drop: float = DROP, margin: float = 0.01,
-                 cost: str = "time", probe: bool = False, evict: str | None = None, catchup: str = "lift",
+                 cost: str = "time", probe: bool = False, evict: str | None = None, go_on: str = "lift",
                  **_ignored: Any):
         super().__init__(cfg, RuleDecider(drop=drop, rule=LabelRule(margin=margin, cost=cost), probe=probe,
-                                          evict=evict, catchup=catchup))
+                                          evict=evict, go_on=go_on))
