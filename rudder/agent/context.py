@@ -689,6 +689,7 @@ class ContextBuilder:
                           else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
         if self.past:
             system, canned = PAST_SYSTEM, [PAST_CONTEXT, PAST_CANNED]
+        self.judge_canned = canned  # [the example run's facts, its windows]: _judge_examples
         self.system = system + "\n" + self.answer_text
         variant = {k: v for k, v in asdict(self.variant).items() if k != "own_block"}
         design = {"variant": variant, "system": system, "run": RUN_TEMPLATE,
@@ -904,13 +905,9 @@ class ContextBuilder:
             for h in reversed(history):
                 if len(own) >= v.max_examples // 2:
                     break
-                ex = hindsight_example(h, self.ctx.capacity, self.ctx.depth > 0)
+                ex = self._own_example(h)
                 if ex is not None:
-                    judged = h.judged or {}
-                    prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
-                    ex["reason"] = (evidence(judged, prev, self.ctx.capacity, self.ctx.depth > 0)
-                                    + conclusion(ex["replace"]))
-                    own.append((self.render_window(judged, prev), ex))
+                    own.append(ex)
             own.reverse()
             own = [(self._head(i == 0) + text, ex) for i, (text, ex) in enumerate(own)]
         canned = []
@@ -931,6 +928,17 @@ class ContextBuilder:
         # server keeps in its KV cache), this run's own after them
         return canned[: v.max_examples] + own, len(own)
 
+    def _own_example(self, h: HistoryEntry) -> tuple[str, dict] | None:
+        """(the judged window as rendered, the hindsight answer with its evidence reason) of a
+        past decision, or None where hindsight does not tell (hindsight_example)."""
+        ex = hindsight_example(h, self.ctx.capacity, self.ctx.depth > 0)
+        if ex is None:
+            return None
+        judged = h.judged or {}
+        prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
+        ex["reason"] = evidence(judged, prev, self.ctx.capacity, self.ctx.depth > 0) + conclusion(ex["replace"])
+        return self.render_window(judged, prev), ex
+
     def _asked_examples(self, history: list[HistoryEntry]) -> list[tuple[str, dict]]:
         """This run's own examples, prefix-stable (issue 16): each judged decision whose hindsight
         answer is clear, as the exact question the trainer was asked (HistoryEntry.asked: its
@@ -949,16 +957,14 @@ class ContextBuilder:
         v = self.variant
         eligible = []
         for i, h in enumerate(history):
-            ex = hindsight_example(h, self.ctx.capacity, self.ctx.depth > 0)
-            if ex is None or not h.decision:
+            own = self._own_example(h)
+            if own is None or not h.decision:
                 continue
-            judged = h.judged or {}
-            prev = [judged["prev_hit_rate"]] if judged.get("prev_hit_rate") is not None else []
-            ex["reason"] = evidence(judged, prev, self.ctx.capacity, self.ctx.depth > 0) + conclusion(ex["replace"])
+            window, ex = own
             asked = h.asked
             if asked is None:  # a record without it (eval windows): the question as it would have read
-                asked = self.render_history(history[:i]) + "\n" + self.render_window(judged, prev)
-            eligible.append((h.decision, asked, ex, self.render_window(judged, prev)))
+                asked = self.render_history(history[:i]) + "\n" + window
+            eligible.append((h.decision, asked, ex, window))
         if not eligible:
             return []
         block = history[-1].decision // v.own_block  # the asked question's: (newest + 1 - 1) // K
@@ -975,10 +981,7 @@ class ContextBuilder:
         admitting any), each reason naming the signals it rests on: they show the format and
         the signals' use, not a rule that settles every window."""
         out, prev_ctx = [], None
-        base, canned = ((HISTORY_CONTEXT, JUDGE_HISTORY_CANNED) if self.history_only
-                        else (CANNED_CONTEXT, JUDGE_CANNED))
-        if self.past:
-            base, canned = PAST_CONTEXT, PAST_CANNED
+        base, canned = self.judge_canned
         for e in canned[: self.variant.max_examples]:
             cctx = {**base, **e.get("context", {})}
             cb = ContextBuilder(cctx, self.variant.name, self.history_k)
