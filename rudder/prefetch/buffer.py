@@ -349,7 +349,8 @@ class HaloBuffer:
         threshold = self.stale_threshold(stale_after)
         k = jit.kernels()
         if k is not None:
-            return int(k.fill_counts(self._views()[1], self._views()[2], threshold)[1])
+            _, slot_pos, score, _, _ = self._views()
+            return int(k.fill_counts(slot_pos, score, threshold)[1])
         return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
@@ -538,7 +539,8 @@ class HaloBuffer:
     def size(self) -> int:
         k = jit.kernels()
         if k is not None:
-            return int(k.fill_counts(self._views()[1], self._views()[2], 0.0)[0])
+            _, slot_pos, score, _, _ = self._views()
+            return int(k.fill_counts(slot_pos, score, 0.0)[0])
         return int(np.count_nonzero(self.slot_pos.numpy() >= 0))
 
     def contents(self) -> torch.Tensor:
