@@ -37,7 +37,7 @@ Judged as the classifiers are (the action paid for itself within one window: Lab
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, get_args
 
 from rudder.agent.judge import LabelRule
 from rudder.agent.messages import START_WINDOW
@@ -47,7 +47,7 @@ from rudder.config import PrefetchConfig, RuleConfig
 
 DROP = RuleConfig().drop  # hit-rate fall (fraction units) below the best since the last round: buy it back
 EVICT_MODES = (None, "stale", "half", "catchup")  # the rule's `evict` extra (module docstring)
-GO_ON_MODES = ("lift", "payback")  # the rule's `go_on` extra (module docstring)
+GO_ON_MODES = get_args(RuleConfig.model_fields["go_on"].annotation)  # the rule's `go_on` extra (module docstring)
 PAYBACK_WINDOWS = 2  # the counterfactual judge's horizon: the two windows after a decision
 
 
