@@ -12,10 +12,20 @@ Sampling runs beside the pull in DistDGL's sampler processes (train.samplers > 0
 RPC client, the neighbour sampling of the next minibatches runs while this thread pulls); with
 none it runs in this thread before the pull. The loader runs on across epoch boundaries, except
 after an epoch the training thread follows with RPC of its own (evaluation: `hold_after`).
+
+sample_next_epoch (prefetch.schedule_ahead with train.samplers 0): each epoch is sampled whole
+before its first minibatch (the policy plans over the rest of the epoch), and epoch e+1's
+minibatches are sampled during epoch e, one after each minibatch of e is handed over, so e+1
+starts with nothing left to sample (only epoch `first` waits for its own sampling). All of e+1
+is sampled before e's end is handed over, so no sampling RPC follows an epoch the training
+thread evaluates after. The policy still sees only the rest of the current epoch. The loader
+then holds about one epoch's sampled minibatches at any time (the rest of e plus e+1's so far),
+plus the queue's.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import threading
 import time
@@ -58,6 +68,53 @@ class _EpochEnd:
     epoch: int
 
 
+class _Sampled:
+    """One epoch's minibatches sampled so far and not yet assembled, in order: each entry
+    (input_nodes, seeds, blocks, t_sample, t_sample_wait, remote ids). The epoch's iterator is
+    opened on the first sample (after the previous epoch's sampling ended: DGL 2.1's loader
+    resets itself on iter(), so one loader object serves every epoch)."""
+
+    def __init__(self, open_iter, steps: int, remote_ids):
+        self.open_iter, self.left, self.remote_ids = open_iter, steps, remote_ids
+        self.it = None
+        self.ahead: collections.deque = collections.deque()
+        self.done = steps <= 0  # nothing more to sample: the epoch's steps, or the loader ended
+
+    def sample(self) -> bool:
+        """Samples the next minibatch; False when the epoch has no more."""
+        if self.done:
+            return False
+        if self.it is None:
+            self.it = iter(self.open_iter())
+        t0 = time.perf_counter()
+        try:
+            got = next(self.it)
+        except StopIteration:
+            self.done = True
+            return False
+        t_wait = time.perf_counter() - t0
+        self.left -= 1
+        # (input_nodes, seeds, blocks[, sampling seconds where it ran: TimedCollate])
+        t_s = got[3] if len(got) > 3 else t_wait
+        self.ahead.append((got[0], got[1], got[2], t_s, t_wait, self.remote_ids(got[0])))
+        if self.left <= 0:
+            self.finish()
+        return True
+
+    def fill(self, n: int) -> None:
+        """Samples until n minibatches wait (or the epoch has no more)."""
+        while len(self.ahead) < n and self.sample():
+            pass
+
+    def finish(self) -> None:
+        """No more sampling: an epoch cut short (train.max_steps_per_epoch, the least steps over
+        the ranks) samples no minibatch it will not train (none of its time, and the view stays
+        within the epoch as trained: what the replays see, rudder.sim.replay)."""
+        self.done = True
+        if self.it is not None:
+            discard_pending(self.it)
+
+
 class TimedCollate:
     """A DGL collate function (NodeCollator.collate) that also returns its own seconds: the
     sampling work, measured where it runs (a sampler process or the loader thread). Picklable,
@@ -96,6 +153,7 @@ class MinibatchPipeline:
         trace_writer=None,
         check: bool = False,
         hold_after=None,  # epoch -> True: the training thread issues DGL RPC after it (evaluation)
+        sample_next_epoch: bool = False,  # sample epoch e+1 during e (schedule_ahead, samplers 0)
     ):
         self.sample_iter_factory = sample_iter_factory
         self.feats = feats
@@ -108,6 +166,7 @@ class MinibatchPipeline:
         self.trace_writer = trace_writer
         self.check = check  # compare every assembled row with a plain pull (an extra RPC)
         self.hold_after = hold_after or (lambda epoch: False)
+        self.sample_next_epoch = sample_next_epoch
         self.state = PipelineState()
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
@@ -152,88 +211,90 @@ class MinibatchPipeline:
     # ---- loader-thread side ---------------------------------------------------------------
     def _run(self, first: int) -> None:
         try:
+            cur = self._sampled(first)
             for epoch in range(first, self.epochs):
                 if epoch > first and self.hold_after(epoch - 1):
                     with self._asked:  # the training thread evaluates (RPC) before asking
                         self._asked.wait_for(lambda: self._asked_epoch >= epoch or self._stop.is_set())
                 if self._stop.is_set():
                     break
-                self._load_epoch(epoch)
+                nxt = self._sampled(epoch + 1) if self.sample_next_epoch and epoch + 1 < self.epochs else None
+                if not self._load_epoch(epoch, cur, nxt):
+                    break
+                cur.finish()
+                cur = nxt if nxt is not None else self._sampled(epoch + 1)
                 self._q.put(_EpochEnd(epoch))
             self._q.put(_Done())
         except BaseException as exc:  # surfaced in the training thread
             self._q.put(_Done(exc))
 
-    def _load_epoch(self, epoch: int) -> None:
-        it = iter(self.sample_iter_factory(epoch))
-        ahead: collections.deque = collections.deque()  # sampled, not yet assembled
-        exhausted = False
-        # an epoch cut short (train.max_steps_per_epoch, the least steps over the ranks) samples
-        # no minibatch it will not train: none of its time, and the view stays within the epoch
-        # as trained (what the replays see: rudder.sim.replay)
-        left = self.steps_per_epoch
+    def _sampled(self, epoch: int) -> _Sampled:
+        steps = self.steps_per_epoch if epoch < self.epochs else 0
+        return _Sampled(lambda: self.sample_iter_factory(epoch), steps, self.feats.remote_ids)
+
+    def _load_epoch(self, epoch: int, cur: _Sampled, nxt: _Sampled | None) -> bool:
+        """Hands over epoch `epoch`'s minibatches (sampled in `cur`, 1 + lookahead of them ahead;
+        `nxt`: the next epoch's, sampled one after each minibatch handed over and finished
+        before this returns). False: stopped."""
         base = epoch * self.steps_per_epoch
         for step in range(self.steps_per_epoch):
             if self._stop.is_set():
-                return
+                return False
             t_load = time.perf_counter()
-            # keep 1 + lookahead minibatches sampled (the current one and the known future)
-            while not exhausted and len(ahead) < 1 + self.lookahead and left > 0:
-                t0 = time.perf_counter()
-                try:
-                    got = next(it)
-                except StopIteration:
-                    exhausted = True
-                    break
-                left -= 1
-                t_wait = time.perf_counter() - t0
-                # (input_nodes, seeds, blocks[, sampling seconds where it ran: TimedCollate])
-                t_s = got[3] if len(got) > 3 else t_wait
-                input_nodes = got[0]
-                ahead.append((input_nodes, got[1], got[2], t_s, t_wait, self.feats.remote_ids(input_nodes)))
-            if not ahead:
+            cur.fill(1 + self.lookahead)  # the current minibatch and the known future
+            if not cur.ahead:
                 break
-            input_nodes, seeds, blocks, t_sample, t_sample_wait, remote = ahead.popleft()
-            future = [a[5] for a in ahead]
-            gstep = base + step
-            buf = self.feats.buffer
-            info = StepInfo(
-                epoch=epoch, step=step, global_step=gstep,
-                remaining_steps=self.epochs * self.steps_per_epoch - gstep,
-                future_remote=future,
-                stale_slots=buf.stale_count() if buf is not None else 0,
-                buffer_fill=buf.size if buf is not None else 0,
-            )
-            t_pol = time.perf_counter()
-            if gstep == 0 and buf is not None:  # what the buffer lacks of the known future, once
-                self.policy.start(lambda: buffer_state(buf, [remote, *future]))
-            plan = self.policy.plan(info) if buf is not None else None
-            t_pol = time.perf_counter() - t_pol  # the agent's cost to training: queue polls only
-            t_plan = t_pol
-            if self.trace_writer is not None:
-                self.trace_writer.add(epoch, remote, input_rows=int(input_nodes.numel()))
-            t_asm = time.perf_counter()
-            x, stats = self.feats.fetch(input_nodes, plan, future, remote=remote)
-            y = self.labels[seeds]
-            t_asm = time.perf_counter() - t_asm - stats.t_fetch  # all but the pull itself
-            bad = 0
-            if self.check:  # here, not in the training thread: DGL RPC stays on one thread
-                bad = int((x != self.feats.dist_feat[input_nodes].to(x.device)).any(dim=1).sum())
-            # the window aggregates see the training thread's last compute and stall times
-            rec = MinibatchRecord.of_step(epoch, step, gstep, stats, t_sample=t_sample,
-                                          t_compute=self.state.last_t_compute,
-                                          t_stall=self.state.last_t_stall,
-                                          t_sample_wait=t_sample_wait, t_plan=t_plan,
-                                          t_assemble=max(t_asm, 0.0))
-            record = rec.to_dict()
-            window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future, roll=True))
-            t_obs = time.perf_counter()
-            self.policy.observe(record, window)
-            t_pol += time.perf_counter() - t_obs
-            rec.t_load = time.perf_counter() - t_load
-            self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
-                                  window, mismatched_rows=bad, t_policy=t_pol, record=rec))
-        discard_pending(it)
+            self._put(epoch, step, base + step, cur.ahead, t_load)
+            if nxt is not None:  # after the hand-over: the training thread computes meanwhile
+                if not cur.done:  # e+1's iter() would reset the loader e still samples from
+                    raise RuntimeError("sample_next_epoch needs each epoch sampled whole at its start")
+                nxt.sample()
+        while nxt is not None and not self._stop.is_set() and nxt.sample():
+            pass  # the rest of e+1 (an epoch shorter than its steps): none after e's end
+        return not self._stop.is_set()
+
+    def _put(self, epoch: int, step: int, gstep: int, ahead: collections.deque, t_load: float) -> None:
+        """Plans, assembles and hands over the first minibatch of `ahead`; the policy sees the
+        next `lookahead` of the rest of the epoch."""
+        input_nodes, seeds, blocks, t_sample, t_sample_wait, remote = ahead.popleft()
+        future = [a[5] for a in itertools.islice(ahead, self.lookahead)]
+        buf = self.feats.buffer
+        info = StepInfo(
+            epoch=epoch, step=step, global_step=gstep,
+            remaining_steps=self.epochs * self.steps_per_epoch - gstep,
+            future_remote=future,
+            stale_slots=buf.stale_count() if buf is not None else 0,
+            buffer_fill=buf.size if buf is not None else 0,
+        )
+        t_pol = time.perf_counter()
+        if gstep == 0 and buf is not None:  # what the buffer lacks of the known future, once
+            self.policy.start(lambda: buffer_state(buf, [remote, *future]))
+        plan = self.policy.plan(info) if buf is not None else None
+        t_pol = time.perf_counter() - t_pol  # the agent's cost to training: queue polls only
+        t_plan = t_pol
+        if self.trace_writer is not None:
+            self.trace_writer.add(epoch, remote, input_rows=int(input_nodes.numel()))
+        t_asm = time.perf_counter()
+        x, stats = self.feats.fetch(input_nodes, plan, future, remote=remote)
+        y = self.labels[seeds]
+        t_asm = time.perf_counter() - t_asm - stats.t_fetch  # all but the pull itself
+        bad = 0
+        if self.check:  # here, not in the training thread: DGL RPC stays on one thread
+            bad = int((x != self.feats.dist_feat[input_nodes].to(x.device)).any(dim=1).sum())
+        # the window aggregates see the training thread's last compute and stall times
+        rec = MinibatchRecord.of_step(epoch, step, gstep, stats, t_sample=t_sample,
+                                      t_compute=self.state.last_t_compute,
+                                      t_stall=self.state.last_t_stall,
+                                      t_sample_wait=t_sample_wait, t_plan=t_plan,
+                                      t_assemble=max(t_asm, 0.0))
+        record = rec.to_dict()
+        window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future, roll=True))
+        t_obs = time.perf_counter()
+        self.policy.observe(record, window)
+        t_pol += time.perf_counter() - t_obs
+        rec.t_load = time.perf_counter() - t_load
+        self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
+                              window, mismatched_rows=bad, t_policy=t_pol, record=rec))
 
 
 def discard_pending(it) -> int:

@@ -102,7 +102,9 @@ class MinibatchRecord:
     # for it, t_plan the policy's plan, t_fetch the pull, t_assemble the rest of the minibatch's
     # feature and label assembly (buffer, local split, label pull), t_load the loader's wall time
     # for the minibatch (not counting waits for queue space); t_stall_max the slower rank's wait
-    # for this step's minibatch (the max of t_stall over the ranks).
+    # for this step's minibatch (the max of t_stall over the ranks). With schedule_ahead a
+    # minibatch is sampled before its turn: epoch 0's all in its first minibatch's t_load, a later
+    # epoch's during the previous epoch, between hand-overs (its t_sample_wait, in no t_load).
     t_sample_wait: float | None = None
     t_plan: float | None = None
     t_assemble: float | None = None

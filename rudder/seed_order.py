@@ -136,6 +136,8 @@ class OrderedLoader:
 def trainer_order(part, tc) -> SeedOrder:
     """The SeedOrder of a DistDGL trainer's seeds over its local partition's own nodes (edges
     between two inner nodes, in global ids)."""
+    if tc.order == "shuffle":  # needs no graph
+        return SeedOrder(part.train_nids.numpy(), "shuffle", tc.seed + part.rank)
     inner = part.inner.numpy().astype(bool)
     src, dst = (x.numpy() for x in part.g.local_partition.edges())
     both = inner[src] & inner[dst]

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from rudder.config import RunConfig, sample_ahead
+    from rudder.config import RunConfig, sample_ahead, schedules_ahead
     from rudder.data.partition import served_features
     from rudder.pipeline import MinibatchPipeline
     from rudder.prefetch.metrics import MetricsCollector
@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     part.feat = served_features(part.feat, cfg.dataset.feature_dtype)
     policy = make_policy(pc, **policy_extras(cfg))
     feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
-    train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc)
+    # schedule_ahead samples epoch e+1 while e trains, with samplers 0 only: DGL's sampler pool
+    # has no locking and evaluation shares it (with samplers > 0 each epoch is sampled at its start)
+    next_epoch = schedules_ahead(pc) and tc.samplers == 0
+    train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc, seeded=next_epoch)
     classes = int(run.get("num_classes") or 0)
     model, opt = make_model(part, tc, classes, device)
     # one class (e.g. an import whose labels are all 0): accuracy would read 1.000 and mean
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda epoch: train_loader, feats, part.labels, policy, MetricsCollector(pc.window),
         steps_per_epoch, tc.epochs, sample_ahead(pc), trace_writer=trace, check=check,
         hold_after=evaluates,  # the loader waits while this thread evaluates (DGL RPC)
+        sample_next_epoch=next_epoch,
     )
     out = RecordFiles(args.run_dir, part.rank)
     (args.run_dir / f"context-r{part.rank}.json").write_text(json.dumps(ctx.__dict__, default=str))
@@ -259,12 +263,15 @@ def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
     return feats, fill
 
 
-def train_loader_and_steps(part: Partition, tc):
-    """The training loader (seeds in train.order) and the steps per epoch (the same on every rank: DDP)."""
+def train_loader_and_steps(part: Partition, tc, seeded: bool = False):
+    """The training loader (seeds in train.order) and the steps per epoch (the same on every rank: DDP).
+    seeded: the shuffle too is SeedOrder's, by (seed, rank, epoch), not DGL's draw from torch's
+    global RNG at iter(): an epoch sampled during the previous one would take that draw in the
+    loader thread amid the training thread's dropout draws, so the order would vary run to run."""
     import torch
 
-    loader = part.loader(part.train_nids, tc, shuffle=tc.order == "shuffle", timed=True)
-    if tc.order != "shuffle":  # a locality order, set per epoch (rudder/seed_order.py)
+    loader = part.loader(part.train_nids, tc, shuffle=tc.order == "shuffle" and not seeded, timed=True)
+    if tc.order != "shuffle" or seeded:  # an order set per epoch (rudder/seed_order.py)
         from rudder.seed_order import OrderedLoader, trainer_order
 
         loader = OrderedLoader(loader, trainer_order(part, tc))

@@ -119,3 +119,147 @@ def test_schedules_ahead_only_for_policies_that_use_the_future():
     assert schedules_ahead(PrefetchConfig(policy="lookahead", schedule_ahead=True))
     assert not schedules_ahead(PrefetchConfig(policy="lookahead"))
     assert not schedules_ahead(PrefetchConfig(policy="fixed", schedule_ahead=True))
+
+
+class ResettingLoader:
+    """DGL 2.1's DistDataLoader with samplers 0, as far as the pipeline sees it: one object for
+    every epoch, iter() resets it to the next epoch (a new order) and returns itself, and each
+    next() samples one minibatch in the caller's thread (logged as ("sample", epoch, step))."""
+
+    N, BATCHES = 200, 6
+
+    def __init__(self, log, lock):
+        import torch
+
+        from rudder.pipeline import TimedCollate
+
+        self.log, self.lock, self.epoch = log, lock, -1
+        self.collate = TimedCollate(lambda s: (torch.cat([s, s + self.N // 2, self.epoch * 1000 + s]), s, None))
+
+    def __iter__(self):
+        self.epoch, self.pos = self.epoch + 1, 0
+        return self
+
+    def __next__(self):
+        import torch
+
+        if self.pos == self.BATCHES:
+            raise StopIteration
+        with self.lock:
+            self.log.append(("sample", self.epoch, self.pos))
+        g = torch.Generator().manual_seed(self.epoch * 100 + self.pos)
+        self.pos += 1
+        return self.collate(torch.randint(0, self.N // 2, (10,), generator=g))
+
+
+def _interleaved(evaluates=lambda e: False, eval_seconds=0.0, epochs=3):
+    """A pipeline that samples epoch e+1 while e trains (schedule_ahead's depth), over a
+    ResettingLoader; the training thread logs what it receives and its evaluations."""
+    import threading
+    import time
+
+    import torch
+
+    from rudder.pipeline import MinibatchPipeline
+    from rudder.prefetch.features import BufferedFeatures
+    from rudder.prefetch.metrics import MetricsCollector
+    from rudder.prefetch.policy import Policy
+
+    N, DIM, STEPS = ResettingLoader.N, 4, ResettingLoader.BATCHES
+    feat = torch.arange(N * 1000 * epochs, dtype=torch.float32).reshape(-1, 1).expand(-1, DIM).contiguous()
+    log, lock = [], threading.Lock()
+    futures = {}
+
+    class Recording(Policy):
+        def plan(self, step):
+            with lock:
+                log.append(("plan", step.epoch, step.step))
+            futures[step.epoch, step.step] = [f.clone() for f in step.future_remote]
+            return None
+
+    class Trace:  # the remote ids of each minibatch as handed over, in order
+        remote = {}
+
+        def add(self, epoch, remote, input_rows):
+            self.remote[epoch, len([k for k in self.remote if k[0] == epoch])] = remote.clone()
+
+    halo = torch.arange(N // 2, N)
+    buf = HaloBuffer(halo, 20, DIM)
+    buf.fill(halo[:20], feat[halo[:20]])
+    feats = BufferedFeatures(feat, lambda ids: (ids >= N // 2).long(), 0, buf, local_id=0)
+    loader = ResettingLoader(log, lock)
+    trace = Trace()
+    depth = sample_ahead(PrefetchConfig(policy="lookahead", schedule_ahead=True))
+    pipe = MinibatchPipeline(lambda e: loader, feats, torch.arange(feat.shape[0]) % 3, Recording(),
+                             MetricsCollector(4), STEPS, epochs, depth, queue_size=2, trace_writer=trace,
+                             hold_after=evaluates, sample_next_epoch=True)
+    for epoch in range(epochs):
+        for mb in pipe.epoch(epoch):
+            assert torch.equal(mb.feats, feat[mb.input_nodes])
+            assert int(mb.input_nodes[-1]) // 1000 == epoch  # sampled for its own epoch
+            with lock:
+                log.append(("train", epoch, mb.step))
+        if evaluates(epoch):
+            with lock:
+                log.append(("eval", epoch, "start"))
+            time.sleep(eval_seconds)  # the loader would sample meanwhile if it could
+            with lock:
+                log.append(("eval", epoch, "end"))
+    assert not pipe._thread.is_alive()
+    return log, futures, trace.remote, STEPS
+
+
+def test_the_next_epoch_is_sampled_while_this_one_trains_and_the_view_stays_in_it():
+    """schedule_ahead with sample_next_epoch: epoch e+1's minibatches are sampled during epoch e
+    (from its first minibatch on) and all of them before e+1's first minibatch is planned, so
+    only epoch 0 starts by sampling; each minibatch is still planned over the rest of its own
+    epoch only (the future lists are exactly epoch e's remaining minibatches), and the loader
+    never holds more than one epoch's sampled minibatches."""
+    log, futures, remote, STEPS = _interleaved()
+    epochs = 3
+    for e in range(epochs - 1):
+        first_plan = log.index(("plan", e + 1, 0))
+        assert all(log.index(("sample", e + 1, s)) < first_plan for s in range(STEPS))
+        assert log.index(("sample", e + 1, 0)) < log.index(("plan", e, 1))  # during epoch e
+    for (e, s), fut in futures.items():
+        want = [remote[e, j] for j in range(s + 1, STEPS)]
+        assert len(fut) == len(want) and all(a.equal(b) for a, b in zip(fut, want)), (e, s)
+    held = 0  # sampled, not yet planned
+    for kind, *_ in log:
+        held += {"sample": 1, "plan": -1}.get(kind, 0)
+        assert held <= STEPS
+    assert sorted(futures) == [(e, s) for e in range(epochs) for s in range(STEPS)]
+
+
+def test_no_sampling_while_the_training_thread_evaluates():
+    """hold_after: epoch e+1's sampling ends before epoch e's end is handed over, and the loader
+    neither samples nor plans (pulls) while the training thread evaluates after an epoch."""
+    evaluates = lambda e: True  # noqa: E731
+    log, *_ = _interleaved(evaluates, eval_seconds=0.3)
+    for e in range(3):
+        start, end = log.index(("eval", e, "start")), log.index(("eval", e, "end"))
+        assert end == start + 1, log[start:end + 1]  # nothing of the loader in between
+        if e < 2:  # and the next epoch was sampled whole before
+            assert all(log.index(("sample", e + 1, s)) < start for s in range(ResettingLoader.BATCHES))
+
+
+def test_the_seeded_shuffle_is_new_each_epoch_and_reproducible():
+    """With the next epoch sampled early, the trainer's shuffle is SeedOrder's by (seed, rank,
+    epoch): a new permutation every epoch, the same for the same seed, whatever other draws
+    torch's global RNG serves meanwhile."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from rudder.seed_order import trainer_order
+
+    part = SimpleNamespace(train_nids=torch.arange(50, 150), rank=1)
+    tc = SimpleNamespace(order="shuffle", seed=7)
+    a, b = trainer_order(part, tc), trainer_order(part, tc)
+    torch.rand(10)  # a draw elsewhere changes nothing
+    assert all(np.array_equal(a.epoch(e), b.epoch(e)) for e in range(3))
+    assert not np.array_equal(a.epoch(0), a.epoch(1))
+    assert sorted(a.epoch(2)) == list(range(100))
+    assert not np.array_equal(trainer_order(SimpleNamespace(train_nids=part.train_nids, rank=0), tc).epoch(0),
+                              a.epoch(0))
