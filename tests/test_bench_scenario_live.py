@@ -41,3 +41,30 @@ def test_without_set_the_scenario_is_unchanged():
 def test_bad_set_stops_with_one_line(bad):
     with pytest.raises(SystemExit, match="--set"):
         base_overrides(build_parser().parse_args(["--set", bad]))
+
+
+def test_replay_rows_replays_one_trace_under_every_word(tmp_path):
+    """--replay: one trace (here `rudder tracegen`'s of the ring scenario, as a live run would
+    record it) replayed under each word's config; a word's replay is `rudder sim`'s."""
+    from rudder.sim.simulate import simulate
+    from rudder.sim.tracegen import generate_trace, spec_from_config, write_tracegen
+
+    from bench_scenario_live import replay_rows
+
+    args = build_parser().parse_args(["--scenario", RING, "--epochs", "2", "--set", "train.max_steps_per_epoch=12"])
+    base = base_overrides(args)
+    cfgs = {w: load_run_config(RING, {**base, **overrides_for(w)})
+            for w in ("none", "static", "fixed:5", "lookahead", "rule+probe+half")}
+    assert cfgs["rule+probe+half"].rule.probe and cfgs["rule+probe+half"].rule.evict == "half"
+    spec = spec_from_config(cfgs["lookahead"])
+    trace, facts = generate_trace(spec)
+    path = write_tracegen(tmp_path, trace, spec, facts)
+    assert path == tmp_path / "trace-r0.npz" and trace.num_minibatches == 24
+    rows = replay_rows(tmp_path, cfgs, ranks=1)
+    assert set(rows) == set(cfgs)
+    none, look = rows["none"], rows["lookahead"]
+    assert none["fetched_rows_per_epoch"] == trace.num_accesses / 2 and none["hits_of_belady"] == 0
+    assert rows["static"]["fetched_rows_per_epoch"] < none["fetched_rows_per_epoch"]
+    assert 0 < look["hits_of_belady"] <= 1
+    direct = simulate(trace, "lookahead", source={"config": cfgs["lookahead"].model_dump(mode="json")})
+    assert look["fetched_rows_per_epoch"] == direct.summary()["fetched_rows"] / 2
