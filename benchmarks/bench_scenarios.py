@@ -8,7 +8,8 @@ the replay baselines (hits and rows against Belady) on the scenario's stream.
 Per scenario: a trace of partition 0's trainer as `rudder tracegen` samples it from the config
 (rudder.sim.tracegen.spec_from_config: dataset, partitioning, machines, fanouts, batch size,
 epochs, train.order). ring_cluster's trace is sampled from a `structure: ring` graph of
---ring-nodes nodes generated here (the config's synth-ring is the small one training uses); its
+--ring-nodes nodes generated here (the synth-ring-bench preset at that size, see ring_spec; the
+config's synth-ring is the small one training uses by default); its
 `ring_shuffle` twin is the same graph with shuffled seeds, the "before" of the order.
 Label balance: the agent policy with a seeded coin for a decision maker
 (rudder.agent.hindsight.collect_run) at each budget word, at the config's depth (`lookahead`)
