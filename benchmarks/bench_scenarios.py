@@ -8,7 +8,8 @@ the replay baselines (hits and rows against Belady) on the scenario's stream.
 Per scenario: a trace of partition 0's trainer as `rudder tracegen` samples it from the config
 (rudder.sim.tracegen.spec_from_config: dataset, partitioning, machines, fanouts, batch size,
 epochs, train.order). ring_cluster's trace is sampled from a `structure: ring` graph of
---ring-nodes nodes generated here (the config's synth-ring is the small one training uses); its
+--ring-nodes nodes generated here (the synth-ring-bench preset at that size, see ring_spec; the
+config's synth-ring is the small one training uses by default); its
 `ring_shuffle` twin is the same graph with shuffled seeds, the "before" of the order.
 Label balance: the agent policy with a seeded coin for a decision maker
 (rudder.agent.hindsight.collect_run) at each budget word, at the config's depth (`lookahead`)
@@ -35,14 +36,15 @@ BASELINES = ("static", "fixed:25", "lookahead:8:0.1", "lookahead:8:1.0", "belady
 
 
 def ring_spec(nodes: int, seed: int = 0):
-    """The benchmark's ring: ~1000 nodes per community, 80% of edge ends inside it, the rest to a
-    ring neighbour; average degree 10; 10% training nodes. Features are not needed for a trace
-    (a small feat_dim keeps generation memory-bounded: the rows' size is set apart)."""
-    from rudder.data.synthetic import SyntheticSpec
+    """The benchmark's ring: the `synth-ring-bench` preset (rudder/data/synthetic.py, the graph
+    the live runs train on) scaled to `nodes` nodes at ~1000 per community. Features are not
+    needed for a trace: feat_dim 4 keeps generation small, and it is what the §7c traces were
+    sampled with (feat_dim changes the random stream after the edges and labels, hence which
+    nodes train)."""
+    from rudder.data.synthetic import PRESETS
 
-    return SyntheticSpec(nodes=nodes, avg_degree=10, communities=max(2, nodes // 1000), feat_dim=4,
-                         classes=8, p_in=0.8, structure="ring", ring_width=1, train_frac=0.1,
-                         val_frac=0.02, test_frac=0.1, seed=seed)
+    return dataclasses.replace(PRESETS["synth-ring-bench"], nodes=nodes,
+                               communities=max(2, nodes // 1000), feat_dim=4, seed=seed)
 
 
 def ring_trace(spec, nodes: int):

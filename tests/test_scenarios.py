@@ -52,6 +52,39 @@ def test_ring_sizes_and_width(ring):
     assert resolve_spec("synth-ring").structure == "ring"
 
 
+def test_ring_bench_preset_is_the_ring_benchmarks_spec():
+    """synth-ring-bench (what the live runs train on) and bench_scenarios.ring_spec (what the
+    replays sample) are one spec: the ring's parameters are written once."""
+    import dataclasses
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_scenarios import ring_spec
+
+    preset = resolve_spec("synth-ring-bench")
+    assert (preset.nodes, preset.communities, preset.structure) == (1_000_000, 1_000, "ring")
+    # the benchmark's ring at its default size differs only in feat_dim (a trace needs none)
+    assert dataclasses.replace(ring_spec(1_000_000), feat_dim=preset.feat_dim) == preset
+    assert ring_spec(50_000, seed=2).communities == 50 and ring_spec(50_000, seed=2).seed == 2
+
+
+def test_ring_bench_preset_scaled_down_is_a_ring():
+    """The preset at 1/200 of its size (same degree, p_in, ~1000 nodes per community): cut edges
+    join ring neighbours only, about 20% of edge ends leave the community, 10% train."""
+    import dataclasses
+
+    spec = dataclasses.replace(resolve_spec("synth-ring-bench"), nodes=5_000, communities=5)
+    arr = generate_arrays(spec)
+    cs, cd = arr.community[arr.src], arr.community[arr.dst]
+    d = ring_distance(cs, cd, spec.communities)
+    assert d.max() == 1 and 0.12 < (d > 0).mean() < 0.28
+    assert abs(arr.src.size / spec.nodes - spec.avg_degree) < 0.5
+    assert arr.train_mask.sum() == 500 and arr.feat.shape == (5_000, 32)
+    # every community touches both ring neighbours, none farther
+    for c in range(spec.communities):
+        assert set(np.unique(cd[cs == c])) == {(c - 1) % 5, c, (c + 1) % 5}
+
+
 def test_ring_spec_errors_name_the_value():
     with pytest.raises(ValueError, match="structure='torus'"):
         SyntheticSpec(nodes=100, communities=4, structure="torus")

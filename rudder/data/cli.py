@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     g = sub.add_parser("generate", help="generate and stage a synthetic graph",
                        description="Stage a synthetic preset (synth-tiny, synth-small, "
-                       "synth-medium, synth-bench), or a custom graph named NAME when --nodes "
+                       "synth-medium, synth-bench, synth-ring, synth-ring-bench), or a custom graph named NAME when --nodes "
                        "is given. Reuses a valid staging with the same spec and seed.")
     g.add_argument("name", metavar="NAME")
     common(g)
