@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -153,7 +152,7 @@ def test_a_window_closed_before_it_opened_measures_nothing():
 @pytest.mark.skipif(os.geteuid() != 0, reason="emulated machines need root (network namespaces)")
 def test_a_real_run_carries_the_past_counterfactual_when_the_policy_asks(tmp_path):
     """2 emulated machines, synth-small, history only from a cold buffer. The agent with
-    judge-history-2b asks (its model is an http server nobody runs: every answer falls back to
+    judge-history-2b asks (its model file does not load: every answer falls back to
     static, so the run replaces never and a replay of its trace is the same run): every window
     of both trainers carries the past counterfactual with its seconds, equal to the replay's
     on the recorded trace. With judge-history (no past variant) no window carries any."""
@@ -162,14 +161,16 @@ def test_a_real_run_carries_the_past_counterfactual_when_the_policy_asks(tmp_pat
     from rudder.records import read_jsonl
     from rudder.runner import execute_run
 
+    junk = tmp_path / "not-a-model.gguf"
+    junk.write_bytes(b"not a GGUF file")
+
     def run(prompt: str):
         cfg = RunConfig.model_validate({
             "dataset": {"name": "synth-small", "root": str(tmp_path / "data")},
             "train": {"epochs": 2, "batch_size": 500, "hidden": 16, "eval_every": 0},
             "prefetch": {"policy": "agent", "lookahead": 0, "init": "random", "period": 10, "window": 5,
                          "alpha": 0.05},
-            "agent": {"prompt": prompt, "backend": "http", "url": "http://127.0.0.1:9/v1", "timeout_s": 2,
-                      "start_decision": False},
+            "agent": {"prompt": prompt, "model": {"name": "broken", "path": str(junk)}, "start_decision": False},
             "cluster": {"machines": 2, "start_timeout_s": 120, "run_timeout_s": 400},
             "runs_dir": str(tmp_path / "runs"),
         })
@@ -178,6 +179,7 @@ def test_a_real_run_carries_the_past_counterfactual_when_the_policy_asks(tmp_pat
         return cfg, res.run_dir
 
     cfg, run_dir = run("judge-history-2b")
+    _, plain = run("judge-history")
     for r in (0, 1):
         windows = read_jsonl(run_dir / f"windows-r{r}.jsonl")
         decisions = read_jsonl(run_dir / f"decisions-r{r}.jsonl")
@@ -196,7 +198,6 @@ def test_a_real_run_carries_the_past_counterfactual_when_the_policy_asks(tmp_pat
         assert any(w["past_fetched_large_stale"] != w["past_keep_fetched"] for w in windows)
         t = np.array([w["t_past_cf"] for w in windows])
         print(f"\nrank {r}: {len(windows)} windows, t_past_cf median {np.median(t) * 1e3:.1f} ms, max {t.max() * 1e3:.1f} ms")
-    _, plain = run("judge-history")
     windows = read_jsonl(plain / "windows-r0.jsonl")
     assert windows and not any(past(w) or "t_past_cf" in w for w in windows)
     assert json.loads((plain / "run.json").read_text())["config"]["agent"]["prompt"] == "judge-history"
