@@ -12,6 +12,7 @@ past counterfactual: the agent with a past prompt variant, judge-history-2 / -2b
            RecordedActions: each applied decision at its step, the fallback where it steered;
            the replay checks every minibatch's hits against the run's) by a policy that asks
            for the same past rounds: windows whose past_* fields equal the live ones exactly
+           (and the replay's own t_past_cf, one process, for comparison)
 """
 from __future__ import annotations
 
@@ -68,8 +69,9 @@ def replay_check(run_dir: Path, rank: int) -> dict:
         first = first if first is not None else {"window": lw["window"], "live": {k: lw.get(k) for k in keys},
                                                  "replay": {k: rw.get(k) for k in keys}}
         worst = max([worst] + [abs(lw[k] - rw[k]) / max(rw[k], 1) for k in keys[1:] if lw.get(k) is not None])
+    t = [w["t_past_cf"] for w in rp.windows if "t_past_cf" in w]
     return {"windows": min(len(live), len(rp.windows)), "equal": equal, "max_rel_diff": worst,
-            "first_diff": first}
+            "first_diff": first, "replay_t_past_cf_ms_median": 1e3 * statistics.median(t) if t else None}
 
 
 def _check(g: int, c, recorded: list[int]) -> None:

@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--runs-dir", default="runs/scenario-live")
     ap.add_argument("--data-root", default="data")
     ap.add_argument("--out", help="write the summary rows as JSON here")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config keys set on every run (e.g. agent.model.path=FILE)")
     args = ap.parse_args()
     words = list(dict.fromkeys(args.policies))
     sets = {w: overrides_for(w) for w in words}  # every word checked before any run starts
@@ -82,6 +84,7 @@ def main() -> None:
         base["cluster.bandwidth"] = None if args.bandwidth == "none" else args.bandwidth
     if args.epochs:
         base["train.epochs"] = args.epochs
+    base.update(kv.split("=", 1) for kv in args.set)
     results: dict[str, list[dict]] = {w: [] for w in words}
     t0 = time.time()
     for rnd in range(args.repeats):

@@ -37,35 +37,29 @@ def index_copy(buf: HaloBuffer) -> HaloBuffer:
     return new
 
 
-def fetched_rows(buf: HaloBuffer, remote: list[torch.Tensor], round: Replace | None,
-                 future: list[torch.Tensor] = ()) -> int:
-    """Rows the minibatches `remote` fetch through `buf` (changed in place) with `round` (None:
-    none) at the first of them, planned over `future` (what was sampled ahead of it) as
-    training plans it: misses + rows pulled only for the buffer."""
-    return _branch_rows(buf, remote[0], _later(remote), round, future) if remote else 0
+def _later(remote: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """Every access after a window's first minibatch, as (distinct ids sorted, accesses of each):
+    made once per window, each branch then searches only its buffered ids in it."""
+    if len(remote) < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.unique(torch.cat(remote[1:]).numpy(), return_counts=True)
 
 
-def _later(remote: list[torch.Tensor]) -> np.ndarray:
-    """Every access after a window's first minibatch, in one sorted array (sorted once per
-    window: each branch's search is then a cache-friendly sweep, ~5x faster than unsorted)."""
-    return np.sort(torch.cat(remote[1:]).numpy()) if len(remote) > 1 else np.zeros(0, dtype=np.int64)
-
-
-def _branch_rows(buf: HaloBuffer, first: torch.Tensor, later: np.ndarray, round: Replace | None,
-                 future: list[torch.Tensor]) -> int:
+def _branch_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarray, np.ndarray],
+                 round: Replace | None, future: list[torch.Tensor]) -> int:
     """The first minibatch through the shared step with `round`; after it the branch has no
     round, so the buffered set no longer changes (only a round's `apply` changes it): the later
-    accesses miss where their id is not buffered, one sorted search over all of them."""
+    accesses hit where their id is buffered (a search of the buffered ids among them)."""
     sp = begin_step(buf, first, round, future)
     finish_step(buf, sp)
     rows = sp.misses + int(sp.extra_ids.numel())
-    held = np.sort(buf.contents().numpy())
-    if held.size and later.size:
-        at = np.minimum(np.searchsorted(held, later), held.size - 1)
-        rows += later.size - int(np.count_nonzero(held.take(at) == later))
-    else:
-        rows += later.size
-    return rows
+    ids, count = later
+    held = buf.contents().numpy()
+    hits = 0
+    if ids.size and held.size:
+        at = np.minimum(np.searchsorted(ids, held), ids.size - 1)
+        hits = int(count[at][ids[at] == held].sum())
+    return rows + int(count.sum()) - hits
 
 
 def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str, Replace],
