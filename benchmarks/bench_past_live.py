@@ -83,7 +83,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for the replay (1: as a trainer on this host, OMP_NUM_THREADS)")
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     rows = []
     for rd in map(Path, args.runs):
         meta = read_run(rd)

@@ -111,7 +111,7 @@ class MinibatchPipeline:
         self.hold_after = hold_after or (lambda epoch: False)
         self.state = PipelineState()
         # the window records' past counterfactual when the policy wants it (the replay's code)
-        self.past = PastCounterfactual(policy.past_rounds)
+        self.past = PastCounterfactual(getattr(policy, "past_rounds", None))
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -76,11 +76,11 @@ def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str,
 
 class PastCounterfactual:
     """Keeps what a window's past counterfactual needs while the window runs, measures it at its
-    close. `rounds`: the policy's Policy.past_rounds (None or {}: nothing kept, nothing measured),
-    asked at each window's start and close."""
+    close. `rounds`: the policy's Policy.past_rounds, asked at each window's start and close
+    (it answers None or {}: nothing kept, nothing measured; None for a policy without one)."""
 
-    def __init__(self, rounds: Callable[[], dict[str, Replace] | None]):
-        self.rounds = rounds
+    def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None):
+        self.rounds = rounds if rounds is not None else lambda: None
         self._opening = True  # the next step is a window's first minibatch
         self._start: HaloBuffer | None = None  # the buffer's index at the open window's start
         self._remote: list[torch.Tensor] = []  # the open window's remote ids, minibatch by minibatch
@@ -99,12 +99,12 @@ class PastCounterfactual:
         if self._start is not None:
             self._remote.append(remote)
 
-    def fork(self, rounds: Callable[[], dict[str, Replace] | None]) -> "PastCounterfactual":
+    def fork(self, rounds: Callable[[], dict[str, Replace] | None] | None) -> "PastCounterfactual":
         """A copy for a fork of the run (a replay's branch) whose policy's past rounds are
         `rounds`: it measures the open window too when they want it."""
         new = PastCounterfactual(rounds)
         new._opening, new._t = self._opening, self._t
-        if self._start is not None and rounds() is not None:
+        if self._start is not None and new.rounds() is not None:
             new._start, new._remote, new._future = index_copy(self._start), list(self._remote), list(self._future)
         return new
 

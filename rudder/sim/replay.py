@@ -157,7 +157,8 @@ class BufferReplayer(Replayer):
         else:
             self.buf = PositionBuffer(pt.trace.num_halo, capacity, alpha=alpha, period=period)
         self.collector = MetricsCollector(window)
-        self.past = PastCounterfactual(policy.past_rounds)  # the past counterfactual, as training's
+        # the past counterfactual, as training measures it (a duck-typed policy may have none)
+        self.past = PastCounterfactual(getattr(policy, "past_rounds", None))
         self.wait_for_answer = wait_for_answer
         self.windows: list[dict] = []
         self.decisions: list[dict] = []
@@ -216,7 +217,7 @@ class BufferReplayer(Replayer):
         new.clock = copy.copy(self.clock)
         new.policy = policy if policy is not None else copy.deepcopy(self.policy)
         new.windows, new.decisions = list(self.windows), list(self.decisions)
-        new.past = self.past.fork(new.policy.past_rounds)
+        new.past = self.past.fork(getattr(new.policy, "past_rounds", None))
         return new
 
 
