@@ -10,8 +10,9 @@ and `close` on each window record. It keeps a copy of the buffer's index and sco
 rows: `index_copy`) at each window start and the window's remote id lists; the close replays
 them on copies of that index: the first minibatch through the shared step (begin_step/
 finish_step) with the branch's round, the later ones as lookups in the buffered set that round
-left (no later round changes it). Buffer arithmetic only: no feature row and no DGL RPC. Its seconds (the copy at the window's start and the
-replays at its close) go in the window record as `t_past_cf`.
+left (no later round changes it). Buffer arithmetic only: no feature row and no DGL RPC. Its
+seconds (the copy at the window's start and the replays at its close) go in the window record
+as `t_past_cf`.
 """
 from __future__ import annotations
 
