@@ -8,7 +8,9 @@ replay rows of bench_baselines.py.
 
 Policy words: none, static, fixed:PERIOD[:half] (prefetch.period, prefetch.evict), lookahead
 [:any] (prefetch.admit), rule[+probe][+half][+pay] (the run config's `rule:` section: probe, evict half, go_on payback), agent:MODEL
-(in-process, the scenario's prompt).
+[:PROMPT] (in-process; the scenario's prompt, or agent.prompt PROMPT). Where the windows carry the
+past counterfactual (a past prompt: judge-history-2 / -2b), its live cost is printed too
+(t_past_cf per window and its share of the epochs: benchmarks/bench_past_live.py).
 The runs go in rounds, every policy once per round in turn, so load drifting over the benchmark
 falls on all of them alike; each figure is the median over the rounds. Rows and epoch time are
 quoted against the best fixed setting (min over the fixed:* words given) of the same rounds.
@@ -33,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_past_live import past_cost  # noqa: E402
 from bench_policies import belady_hits, summarize  # noqa: E402
 
 from rudder.config import load_run_config  # noqa: E402
@@ -59,7 +62,9 @@ def overrides_for(word: str) -> dict:
         return {"prefetch.policy": "rule", "rule.probe": "probe" in opts, "rule.evict": "half" if "half" in opts else None,
                 "rule.go_on": "payback" if "pay" in opts else "lift"}
     if base == "agent" and arg:
-        return {"prefetch.policy": "agent", "agent.model.name": arg, "agent.backend": "inproc"}
+        model, _, prompt = arg.partition(":")
+        return {"prefetch.policy": "agent", "agent.model.name": model, "agent.backend": "inproc",
+                **({"agent.prompt": prompt} if prompt else {})}
     raise SystemExit(f"unknown policy word {word!r} (see --help)")
 
 
@@ -138,10 +143,12 @@ def main() -> None:
             res = execute_run(cfg, run_id=run_id(args.scenario, w, rnd))
             if not res.ok:
                 raise SystemExit(f"run {res.run_dir} failed: {res.reason}")
-            s = summarize(Path(res.run_dir), cfg.cluster.machines * cfg.cluster.trainers_per_machine)
+            ranks = cfg.cluster.machines * cfg.cluster.trainers_per_machine
+            s = summarize(Path(res.run_dir), ranks)
+            s["past"] = past_cost(Path(res.run_dir), ranks)
             s["run_dir"] = str(res.run_dir)
             if args.belady:
-                bh = belady_hits(Path(res.run_dir), cfg.cluster.machines * cfg.cluster.trainers_per_machine)
+                bh = belady_hits(Path(res.run_dir), ranks)
                 s["hits_of_belady"] = s["hits"] / bh if bh else 0.0
             results[w].append(s)
             print(f"[{time.time() - t0:6.0f} s] round {rnd + 1}/{args.repeats} {w}: epoch {s['epoch_s']:.2f} s, "
@@ -202,6 +209,14 @@ def live_table(args, words, results: dict[str, list[dict]]) -> dict:
         hbv = f" {m['hits_of_belady']:.3f} |" if args.belady else ""
         print(f"| {w} | {m['epoch_s']:.2f} | {er} | {m['fetched_rows_per_epoch']:,.0f} | {rr} | "
               f"{100 * m['hit_rate']:.1f}% |{hbv} {100 * m['stall_share']:.0f}% | {m['val_acc']:.3f} | {dec} |")
+    past = [w for w in words if any(r["past"]["past_windows"] for r in results[w])]
+    if past:
+        print("\nthe past counterfactual live (per round: windows measured, t_past_cf median / max ms, "
+              "sum / epochs' time)\n")
+        for w in past:
+            print(f"- {w}: " + "; ".join(
+                f"{p['past_windows']} windows, {p['t_past_cf_ms_median']:.1f} / {p['t_past_cf_ms_max']:.1f} ms, "
+                f"{100 * p['past_share']:.2f}%" for p in (r["past"] for r in results[w]) if p["past_windows"]))
     return {"reference": ref, "median": med, "runs": results}
 
 

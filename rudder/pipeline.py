@@ -36,6 +36,7 @@ import torch
 
 from rudder.prefetch.features import BufferedFeatures, FetchStats
 from rudder.prefetch.metrics import MetricsCollector, buffer_state
+from rudder.prefetch.past import PastCounterfactual
 from rudder.prefetch.policy import Policy, StepInfo
 from rudder.records import MinibatchRecord
 
@@ -168,6 +169,8 @@ class MinibatchPipeline:
         self.hold_after = hold_after or (lambda epoch: False)
         self.sample_next_epoch = sample_next_epoch
         self.state = PipelineState()
+        # the window records' past counterfactual when the policy wants it (the replay's code)
+        self.past = PastCounterfactual(getattr(policy, "past_rounds", None))
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -274,6 +277,8 @@ class MinibatchPipeline:
         t_plan = t_pol
         if self.trace_writer is not None:
             self.trace_writer.add(epoch, remote, input_rows=int(input_nodes.numel()))
+        if buf is not None:
+            self.past.step(buf, remote, future)
         t_asm = time.perf_counter()
         x, stats = self.feats.fetch(input_nodes, plan, future, remote=remote)
         y = self.labels[seeds]
@@ -289,6 +294,8 @@ class MinibatchPipeline:
                                       t_assemble=max(t_asm, 0.0))
         record = rec.to_dict()
         window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future, roll=True))
+        if window is not None:
+            self.past.close(window)  # before the policy observes it (t_past_cf: its seconds)
         t_obs = time.perf_counter()
         self.policy.observe(record, window)
         t_pol += time.perf_counter() - t_obs

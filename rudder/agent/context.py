@@ -46,8 +46,8 @@ Prompt variants (scored by `rudder agent eval`):
                 18's "which slots") and shows the slots stale at half the period (BENCHMARKS 7g).
   judge-history-2 judge-history plus the past counterfactual (h18d, BENCHMARKS 7h): what a
                 round at the last window close would have done to the window just closed,
-                replayed from the buffer as it was (window fields past_*, computed by the
-                replay: rudder.sim.replay.BufferReplayer), as "saved / cost" shares per budget
+                replayed from the buffer as it was (window fields past_*, computed live and
+                in replays alike: rudder.prefetch.past), as "saved / cost" shares per budget
                 and evict word; its own canned windows (a held-out trainer's, keep and replace
                 alternating, the reasons quoting the best round) and the run's history as its
                 actions only. judge-history-2b: the same without the run's own decisions.

@@ -157,10 +157,11 @@ class Policy:
 
     def past_rounds(self) -> dict[str, Replace] | None:
         """The past counterfactual this policy wants measured (issue 18, h18d): {label: round}.
-        At each window close a replay plays each round from the buffer as it was at that
-        window's start (no other round) over the window's own minibatches, and keep, and puts
-        the fetched rows of each in the window record (`past_keep_fetched`,
-        `past_fetched_<label>`; rudder.sim.replay.BufferReplayer). None: not wanted."""
+        At each window close, live (the loader thread) and in replays alike, each round is
+        played from the buffer as it was at that window's start (no other round) over the
+        window's own minibatches, and keep, and the fetched rows of each go in the window record
+        (`past_keep_fetched`, `past_fetched_<label>`, its seconds `t_past_cf`;
+        rudder.prefetch.past). None: not wanted."""
         return None
 
     def wait_ready(self, timeout_s: float) -> float:

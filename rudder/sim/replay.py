@@ -27,6 +27,7 @@ import torch
 
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.metrics import MetricsCollector, buffer_state
+from rudder.prefetch.past import PastCounterfactual
 from rudder.prefetch.policy import Policy, StepInfo
 from rudder.prefetch.step import begin_step, finish_step
 from rudder.records import MinibatchRecord, StepStats
@@ -156,6 +157,8 @@ class BufferReplayer(Replayer):
         else:
             self.buf = PositionBuffer(pt.trace.num_halo, capacity, alpha=alpha, period=period)
         self.collector = MetricsCollector(window)
+        # the past counterfactual, as training measures it (a duck-typed policy may have none)
+        self.past = PastCounterfactual(getattr(policy, "past_rounds", None))
         self.wait_for_answer = wait_for_answer
         self.windows: list[dict] = []
         self.decisions: list[dict] = []
@@ -177,9 +180,10 @@ class BufferReplayer(Replayer):
                         future_remote=ahead, stale_slots=buf.stale_count(), buffer_fill=buf.size)
         if g == 0 and pol.start(lambda: buffer_state(buf, [remote, *ahead])) and self.wait_for_answer:
             self.waited += self.wait_for_answer(pol)  # the start decision applies at step 0
-        if g == 0 and self.records:
-            self._snapshot()  # the past counterfactual of the first window starts here
-        sp = begin_step(buf, remote, pol.plan(info), ahead)
+        plan = pol.plan(info)
+        if self.records:  # the past counterfactual keeps the window's accesses (rudder.prefetch.past)
+            self.past.step(buf, remote, ahead)
+        sp = begin_step(buf, remote, plan, ahead)
         finish_step(buf, sp)
         if self.verify:
             buf.verify()
@@ -196,7 +200,7 @@ class BufferReplayer(Replayer):
         record = MinibatchRecord.of_step(pt.epochs[g], pt.steps[g], g, stats, **timing).to_dict()
         window = self.collector.add(record, lambda: buffer_state(buf, ahead, roll=True))
         if window is not None:
-            self._past_counterfactual(window)
+            self.past.close(window)
         pol.observe(record, window)
         if window is not None:
             self.windows.append(window)
@@ -204,41 +208,6 @@ class BufferReplayer(Replayer):
                 self.waited += self.wait_for_answer(pol)
         self.decisions.extend(pol.decisions())
         return c
-
-    # ---- the past counterfactual (issue 18, h18d) ------------------------------------------
-    _past: "BufferReplayer | None" = None  # the buffer as it was when the open window started
-
-    def _snapshot(self) -> None:
-        """Keeps the buffer's state at a window's start when the policy wants the past
-        counterfactual (Policy.past_rounds); a copy of the index and scores only."""
-        self._past = None
-        if self.policy.past_rounds() is None:
-            return
-        snap = self.fork(_OneRound(None, self.g))
-        snap.records, snap.clock, snap.wait_for_answer, snap.windows, snap.decisions = False, None, None, [], []
-        self._past = snap
-
-    def _past_counterfactual(self, window: dict) -> None:
-        """At a window close: the window's own minibatches replayed from the buffer as it was at
-        its start, with no round (`past_keep_fetched`) and with each round the policy names
-        (`past_fetched_<label>`) applied at its first minibatch -- what a round at the last
-        window close would have done to this window's fetched rows, a measured past fact. Live,
-        a trainer can compute the same from a copy of its buffer's index and scores at the
-        window's start and the window's remote id lists (not wired: replays only)."""
-        snap = self._past
-        rounds = self.policy.past_rounds()
-        if rounds and snap is not None:
-            start, stop = snap.g, self.g
-
-            def fetched(r) -> int:
-                c = replay(self.pt, snap.fork(_OneRound(r, start)), stop=stop)
-                return int(c["fetched_rows"][start:stop].sum())
-
-            window["past_minibatches"] = stop - start
-            window["past_keep_fetched"] = fetched(None)
-            for label, r in rounds.items():
-                window[f"past_fetched_{label}"] = fetched(r)
-        self._snapshot()
 
     def fork(self, policy: Policy | None = None) -> "BufferReplayer":
         """A copy with its own buffer (and `policy`, else a copy of this one's); the trace is
@@ -248,7 +217,7 @@ class BufferReplayer(Replayer):
         new.clock = copy.copy(self.clock)
         new.policy = policy if policy is not None else copy.deepcopy(self.policy)
         new.windows, new.decisions = list(self.windows), list(self.decisions)
-        new._past = None  # a fork never carries the snapshot chain
+        new.past = self.past.fork(getattr(new.policy, "past_rounds", None))
         return new
 
 

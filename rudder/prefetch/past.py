@@ -1,0 +1,122 @@
+"""The past counterfactual (issue 18): at each metrics window's close, the window's own
+minibatches played again from the buffer as it was at the window's start, once with no round
+(`past_keep_fetched`) and once with each round the policy names (Policy.past_rounds) applied at
+its first minibatch (`past_fetched_<label>`): what a round at the last window close would have
+done to this window's fetched rows, a measured past fact.
+
+One code path for the replay (rudder.sim.replay.BufferReplayer) and live training (the loader
+thread, rudder.pipeline): both call `PastCounterfactual.step` before each minibatch is served
+and `close` on each window record. It keeps a copy of the buffer's index and scores (no feature
+rows: `index_copy`) at each window start and the window's remote id lists; the close replays
+them on copies of that index: the first minibatch through the shared step (begin_step/
+finish_step) with the branch's round, the later ones as lookups in the buffered set that round
+left (no later round changes it). Buffer arithmetic only: no feature row and no DGL RPC. Its
+seconds (the copy at the window's start and the replays at its close) go in the window record
+as `t_past_cf`.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from rudder.prefetch.buffer import HaloBuffer
+from rudder.prefetch.policy import Replace
+from rudder.prefetch.step import begin_step, finish_step
+
+
+def index_copy(buf: HaloBuffer) -> HaloBuffer:
+    """A copy of the buffer's index and scores without its feature rows (store_features off):
+    the rows (and a device-side gather scratch) become empty tensors instead of being copied."""
+    empty = {id(t): t.new_empty((0, 0)) for t in (buf.feats, getattr(buf, "_scratch", None))
+             if isinstance(t, torch.Tensor)}
+    new = copy.deepcopy(buf, empty)
+    new.store_features = False
+    return new
+
+
+def _later(remote: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """Every access after a window's first minibatch, as (distinct ids sorted, accesses of each):
+    made once per window, each branch then searches only its buffered ids in it."""
+    if len(remote) < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.unique(torch.cat(remote[1:]).numpy(), return_counts=True)
+
+
+def _branch_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarray, np.ndarray],
+                 round: Replace | None, future: list[torch.Tensor]) -> int:
+    """The first minibatch through the shared step with `round`; after it the branch has no
+    round, so the buffered set no longer changes (only a round's `apply` changes it): the later
+    accesses hit where their id is buffered (a search of the buffered ids among them)."""
+    sp = begin_step(buf, first, round, future)
+    finish_step(buf, sp)
+    rows = sp.misses + int(sp.extra_ids.numel())
+    ids, count = later
+    held = buf.contents().numpy()
+    hits = 0
+    if ids.size and held.size:
+        at = np.minimum(np.searchsorted(ids, held), ids.size - 1)
+        hits = int(count[at][ids[at] == held].sum())
+    return rows + int(count.sum()) - hits
+
+
+def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str, Replace],
+                future: list[torch.Tensor] = ()) -> dict:
+    """The window fields: `remote` replayed from `start` (an index copy, consumed) with no round
+    and with each of `rounds` at its first minibatch."""
+    branches = [None, *rounds.values()]
+    later = _later(remote)
+    got = [_branch_rows(start if i == len(branches) - 1 else index_copy(start), remote[0], later, r, future)
+           for i, r in enumerate(branches)]
+    return {"past_minibatches": len(remote), "past_keep_fetched": got[0],
+            **{f"past_fetched_{label}": n for label, n in zip(rounds, got[1:])}}
+
+
+class PastCounterfactual:
+    """Keeps what a window's past counterfactual needs while the window runs, measures it at its
+    close. `rounds`: the policy's Policy.past_rounds, asked at each window's start and close
+    (it answers None or {}: nothing kept, nothing measured; None for a policy without one)."""
+
+    def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None):
+        self.rounds = rounds if rounds is not None else lambda: None
+        self._opening = True  # the next step is a window's first minibatch
+        self._start: HaloBuffer | None = None  # the buffer's index at the open window's start
+        self._remote: list[torch.Tensor] = []  # the open window's remote ids, minibatch by minibatch
+        self._future: list[torch.Tensor] = []  # what was sampled ahead of its first minibatch
+        self._t = 0.0  # seconds spent on the open window so far
+
+    def step(self, buf: HaloBuffer, remote: torch.Tensor, future: list[torch.Tensor] = ()) -> None:
+        """Before a minibatch is served (its plan not yet applied): its remote ids (halo or not),
+        and at a window's first minibatch a copy of the buffer's index and what is sampled ahead."""
+        if self._opening:
+            self._opening = False
+            t0 = time.perf_counter()
+            if self.rounds() is not None:
+                self._start, self._future = index_copy(buf), list(future)
+            self._t = time.perf_counter() - t0
+        if self._start is not None:
+            self._remote.append(remote)
+
+    def fork(self, rounds: Callable[[], dict[str, Replace] | None] | None) -> "PastCounterfactual":
+        """A copy for a fork of the run (a replay's branch) whose policy's past rounds are
+        `rounds`: it measures the open window too when they want it."""
+        new = PastCounterfactual(rounds)
+        new._opening, new._t = self._opening, self._t
+        if self._start is not None and new.rounds() is not None:
+            new._start, new._remote, new._future = index_copy(self._start), list(self._remote), list(self._future)
+        return new
+
+    def close(self, window: dict) -> None:
+        """At a window's close (after its last minibatch): the past_* fields and `t_past_cf`
+        into `window` when the policy wants them; the next step opens the next window."""
+        t0 = time.perf_counter()
+        start, remote, future = self._start, self._remote, self._future
+        self._opening, self._start, self._remote, self._future = True, None, [], []
+        rounds = self.rounds()
+        if not rounds or start is None or not remote:
+            return
+        window.update(past_fields(start, remote, rounds, future))
+        window["t_past_cf"] = self._t + time.perf_counter() - t0
