@@ -12,6 +12,16 @@ before's close would have done to the window that just ran, replayed from the bu
       the counterfactual judge's shares of every option over the next --horizon windows (the
       forks of bench_cf_oracle), labelled as bench_cf_suite labels (replace when the best option
       saves > 0.5% of the horizon's remote rows, keep when none saves anything, else too close).
+  python benchmarks/bench_past_cf.py ship --pool benchmarks/results/history_pool_h18d.json
+      the pool as judge-history-3 retrieves its examples from it (h18e): rudder/agent/history_pool.jsonl,
+      one labelled window a line (the window record without its time and lookahead fields, the
+      three windows before it as hit rate and rows, the judge's shares, best option and label).
+  python benchmarks/bench_past_cf.py judge --runs OUT.json [--scenario S]
+      the counterfactual Pass@1 of the LLM answers a bench_baselines.py --json run recorded: the
+      trace replayed with each agent's answers applied as recorded (at the minibatch after their
+      window), the judge's forks at every window close (--horizon windows, every option); each
+      answer is right (correct_cf, rudder.agent.judge.counterfactual) when its own action beats
+      the other -- a replace's own budget/evict round against no round -- by the judge's margin.
 """
 from __future__ import annotations
 
@@ -128,9 +138,25 @@ def label_of(j: dict) -> tuple[str | None, str]:
     return best, "close"
 
 
+WINDOW_DROP = ("t_fetch", "t_stall", "t_minibatch", "lookahead_missing", "lookahead_rows")
+RECENT_KEEP = ("hit_rate", "minibatches", "remote_rows", "fetched_rows")
+
+
+def ship(pool: Path, out: Path) -> None:
+    """The pool's windows as judge-history-3 reads them (rudder.agent.context.example_pool)."""
+    d = json.loads(pool.read_text())
+    lines = [json.dumps({"trace_digest": d["digest"], "seed": e["seed"],
+                         "window": {k: v for k, v in e["window"].items() if k not in WINDOW_DROP},
+                         "recent": [{k: r[k] for k in RECENT_KEEP} for r in e["recent"]],
+                         "judged": e["judged"], "best": e["best"], "label": e["label"]})
+             for e in d["pool"]]
+    out.write_text("\n".join(lines) + "\n")
+    print(f"{len(lines)} windows of {d['trace']} (digest {d['digest']}) -> {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["rule", "pool"])
+    p.add_argument("what", choices=["rule", "pool", "ship", "judge"])
     p.add_argument("--scenario", default="history_cold")
     p.add_argument("--trace-dir", type=Path, default=Path("data/traces/baselines"))
     p.add_argument("--trace", type=Path, help="pool: the held-out trace")
@@ -138,7 +164,13 @@ def main() -> None:
     p.add_argument("--margins", type=float, nargs="+", default=[MARGIN])
     p.add_argument("--horizon", type=int, default=2)
     p.add_argument("--json", type=Path)
+    p.add_argument("--pool", type=Path, help="ship: a pool's --json")
+    p.add_argument("--out", type=Path, default=ROOT / "rudder" / "agent" / "history_pool.jsonl")
+    p.add_argument("--runs", type=Path, help="judge: a bench_baselines.py --json")
     a = p.parse_args()
+    if a.what == "ship":
+        ship(a.pool, a.out)
+        return
     import torch
 
     torch.set_num_threads(1)
