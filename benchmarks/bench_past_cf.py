@@ -154,6 +154,72 @@ def ship(pool: Path, out: Path) -> None:
     print(f"{len(lines)} windows of {d['trace']} (digest {d['digest']}) -> {out}")
 
 
+def recorded(answers: list[dict]):
+    """A decider that gives, at each window close, the recorded answer for that window (None: keep)."""
+    by_window = {int(x["window"]): x for x in answers if x.get("window") is not None}
+
+    def choose(window):
+        x = by_window.get(int(window["window"]))
+        if not x or x.get("fallback") or not x.get("replace"):
+            return None
+        return f"{x['budget']}_{x.get('evict') or 'stale'}"
+    return choose
+
+
+def pass_at_1(answers: list[dict], judged: list[dict], window: int) -> tuple[int, int, list]:
+    """(right, judged, per answer (window, right)) by the counterfactual judge, as judge_run rules:
+    an answer's own action against the other at its own budget and evict word (a keep names
+    one too), right where the action agrees with the label of what that round saved
+    (rudder.agent.judge.counterfactual: > 0.5% replace, <= 0 keep, in between too close: None)."""
+    from rudder.agent.judge import counterfactual
+
+    by_first = {j["first"]: j for j in judged}
+    marks = []
+    for x in answers:
+        j = by_first.get((int(x["window"]) + 1) * window)  # applied at the next window's first minibatch
+        if j is None or x.get("replace") is None:
+            continue
+        share = j[f"{x['budget']}_{x.get('evict') or 'stale'}"]
+        marks.append((int(x["window"]), counterfactual(bool(x["replace"]), x.get("fallback"), share)))
+    right = sum(m is True for _, m in marks)
+    return right, sum(m is not None for _, m in marks), marks
+
+
+def judge_runs(runs: list[Path], trace_dir: Path, horizon: int) -> dict:
+    """Every LLM answer list of bench_baselines.py --json files, replayed on its scenario's trace
+    with the judge's forks: rows fetched (as bench_baselines counted them: a check), Pass@1 by
+    the counterfactual; the follow-the-past-counterfactual rule (margin 0.5%) beside them."""
+    from rudder.config import load_run_config
+    from rudder.trace import Trace
+
+    out = {}
+    for path in runs:
+        for name, res in json.loads(path.read_text())["results"].items():
+            pc = load_run_config(ROOT / "configs" / "scenarios" / f"{name}.yaml").prefetch
+            pre = res["prefix"]
+            trace = Trace.load(trace_dir / name / "trace-r0.npz")
+            trace = trace.head(pre["minibatches"]) if pre["minibatches"] < trace.num_minibatches else trace
+            best = pre["rows"][pre["best"]]["fetched_rows"]
+            rows = out.setdefault(name, {"fixed-best": {"name": pre["best"], "rows": best}})
+            deciders = {k: recorded(r["answers"]) for k, r in pre["rows"].items() if r.get("answers")}
+            if "follow the past counterfactual" not in rows:
+                deciders["follow the past counterfactual"] = follow_rule(MARGIN)
+            for label, choose in deciders.items():
+                t0 = time.time()
+                n, wins, ans, judged = play(trace, pc, choose, horizon)
+                answers = pre["rows"].get(label, {}).get("answers") or [
+                    {"window": w["window"], "replace": a is not None, "budget": (a or "small_stale").split("_")[0],
+                     "evict": (a or "small_stale").split("_")[1]} for w, a in zip(wins, ans)]
+                right, judged_n, marks = pass_at_1(answers, judged, pc.window)
+                rec = pre["rows"].get(label, {}).get("fetched_rows")
+                rows[label] = {"rows": n, "ratio": n / best, "recorded_rows": rec, "right": right,
+                               "judged": judged_n, "pass_at_1_cf": right / judged_n if judged_n else None,
+                               "marks": marks, "file": str(path)}
+                print(f"{name}: {label}: {n:,} rows ({n / best:.3f} of {pre['best']}; recorded {rec}), "
+                      f"Pass@1 cf {right}/{judged_n} ({time.time() - t0:.0f} s)", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["rule", "pool", "ship", "judge"])
@@ -166,10 +232,27 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     p.add_argument("--pool", type=Path, help="ship: a pool's --json")
     p.add_argument("--out", type=Path, default=ROOT / "rudder" / "agent" / "history_pool.jsonl")
-    p.add_argument("--runs", type=Path, help="judge: a bench_baselines.py --json")
+    p.add_argument("--runs", type=Path, nargs="+", help="judge: bench_baselines.py --json files")
     a = p.parse_args()
     if a.what == "ship":
         ship(a.pool, a.out)
+        return
+    if a.what == "judge":
+        import torch
+
+        torch.set_num_threads(1)
+        t0 = time.time()
+        out = judge_runs(a.runs, a.trace_dir, a.horizon)
+        print("| scenario | decider | rows | / fixed-best | Pass@1 (counterfactual) |")
+        print("|---|---|---|---|---|")
+        for name, rows in out.items():
+            for label, r in rows.items():
+                if label != "fixed-best":
+                    print(f"| {name} | {label} | {r['rows']:,} | {r['ratio']:.3f} | "
+                          f"{r['right']}/{r['judged']} = {r['pass_at_1_cf'] or 0:.2f} |")
+        print(f"({time.time() - t0:.0f} s)")
+        if a.json:
+            a.json.write_text(json.dumps(out, indent=1, default=str))
         return
     import torch
 
