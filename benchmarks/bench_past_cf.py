@@ -183,6 +183,9 @@ def pass_at_1(answers: list[dict], judged: list[dict], window: int) -> tuple[int
         j = by_first.get((int(x["window"]) + 1) * window)  # applied at the next window's first minibatch
         if j is None or x.get("replace") is None:
             continue
+        if x.get("fallback"):  # the fallback's action, not the answer's: not judged (as judge_run)
+            marks.append((int(x["window"]), None))
+            continue
         share = j[f"{x['budget']}_{x.get('evict') or 'stale'}"]
         marks.append((int(x["window"]), counterfactual(bool(x["replace"]), x.get("fallback"), share)))
     right = sum(m is True for _, m in marks)
