@@ -51,6 +51,12 @@ Prompt variants (scored by `rudder agent eval`):
                 and evict word; its own canned windows (a held-out trainer's, keep and replace
                 alternating, the reasons quoting the best round) and the run's history as its
                 actions only. judge-history-2b: the same without the run's own decisions.
+  judge-history-3 judge-history-2b whose examples are retrieved per window (h18e, BENCHMARKS
+                7j): the RETRIEVE_K windows of a held-out labelled pool (history_pool.jsonl)
+                nearest to the asked window by its signals (pool_features: the past
+                counterfactual's best saving, stale shares, hit-rate trend), both answers shown
+                where the pool has both, the nearest's answer last; reasons written from each pool
+                window's own past counterfactual and its judged label (pool_reason).
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -60,7 +66,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable
+
+import numpy as np
 
 from rudder.agent.messages import (
     BUDGET_SHARE,
@@ -118,6 +128,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("judge-history", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-history-2", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-history-2b", reason_first=True, examples="canned", max_examples=4),
+        Variant("judge-history-3", reason_first=True, examples="canned", max_examples=4),
     ]
 }
 
@@ -259,12 +270,14 @@ CANNED: list[dict[str, Any]] = [
 
 
 # ---- the judge variant (issue 18): signals, not a verdict --------------------------------------
-HISTORY_VARIANTS = {"judge-history", "judge-history-2", "judge-history-2b"}  # history-only runs (no lookahead)
-PAST_VARIANTS = {"judge-history-2", "judge-history-2b"}  # the past counterfactual shown (h18d)
+HISTORY_VARIANTS = {"judge-history", "judge-history-2", "judge-history-2b",
+                    "judge-history-3"}  # history-only runs (no lookahead)
+PAST_VARIANTS = {"judge-history-2", "judge-history-2b", "judge-history-3"}  # the past counterfactual shown (h18d)
+RETRIEVE_VARIANTS = {"judge-history-3"}  # examples retrieved per window from the held-out pool (h18e)
 # judge-history-2b: judge-history-2 without the run's own decisions ("Recent decisions: none."
 # always): under judge-history-2 Qwen-0.5B wrote "saved 9.6%, a round pays: keep" for nine
 # windows after its first keep, then "cost 1.7%, a round pays: replace" after its first replaces
-NO_OWN_HISTORY = {"judge-history-2b"}
+NO_OWN_HISTORY = {"judge-history-2b", "judge-history-3"}
 JUDGE_VARIANTS = {"judge", *HISTORY_VARIANTS}
 TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many windows (current included)
 
@@ -530,6 +543,122 @@ def past_line(w: dict) -> str | None:
             + f" of its fetched rows; best {best} {_saved(pc[best])}")
 
 
+# ---- judge-history-3 (h18e): examples retrieved per window from the held-out pool ----------
+# judge-history-2b's four canned windows are one fixed draw of the held-out pool (PAST_CANNED);
+# here the RETRIEVE_K pool windows nearest to the asked window by what it shows are the
+# examples, so a window whose past counterfactual says "cost 0.3%" is shown keep windows that
+# said so, and window 0 ("no change" everywhere: nothing was stale at the window before) is
+# shown the pool's window 0s. The pool (history_pool.jsonl, `python benchmarks/bench_past_cf.py
+# ship`): the 54 windows of `bench_past_cf.py pool` -- history_cold_small's settings on
+# PARTITION 1 of synth-small's 2 with SEED ORDER 1 (tracegen digest POOL_DIGEST), a coin decider
+# (medium/stale, coin seeds 0-2), each window labelled by the counterfactual judge over the next
+# 2 windows (replace: the best option saves > 0.5% of their remote rows, with that option's
+# budget and evict; keep: no option saves anything; too close: left out). The evaluated
+# scenarios replay partition 0 with seed order 0 (history_cold_small: synth-small;
+# history_cold: synth-medium, another graph), so no evaluated window is in the pool.
+POOL_FILE = Path(__file__).with_name("history_pool.jsonl")
+POOL_DIGEST = "a53ee6115dcf"
+RETRIEVE_K = 4
+# The features and the scale of one unit of distance each: the best past-counterfactual saving
+# (share of the window's fetched rows, 2 points), slots stale at the period and at half of it
+# (25% of capacity), the hit-rate trend (2 points per window), and "no earlier window" (the
+# first window, where no round has been measured: weighed so that first windows meet first ones).
+FEATURES = ("past_saving", "stale_share", "stale_half_share", "hit_trend_pt", "first_window")
+FEATURE_SCALE = np.array([0.02, 0.25, 0.25, 2.0, 1 / 3])
+SAVING_CLIP = (-0.02, 0.10)  # a saving beyond these says no more (a round that costs 2% or saves 10%)
+
+
+def pool_features(w: dict, recent: Iterable[float | dict] = (), capacity: int = 0) -> np.ndarray:
+    """A window's retrieval features (FEATURES), scaled by FEATURE_SCALE; missing ones 0."""
+    sig = window_signals(w, recent, capacity, lookahead=False)
+    pc = past_counterfactual(w)
+    saving = float(np.clip(-min(pc.values()), *SAVING_CLIP)) if pc else 0.0
+    cap = max(1, capacity)
+    half = w.get("stale_half")
+    x = [saving, sig["stale_share"] or 0.0, 0.0 if half is None else half / cap,
+         sig["hit_trend_pt"] or 0.0, float(sig["hit_trend_pt"] is None)]
+    return np.asarray(x, dtype=float) / FEATURE_SCALE
+
+
+def pool_reason(w: dict, replace: bool) -> str:
+    """A pool window's reason: its own past counterfactual (as past_line's "best" quotes it),
+    then the judged answer: "a round pays: replace" / "too little to pay: keep" (a best round
+    that saved, but not enough) / "no round pays: keep"."""
+    pc = past_counterfactual(w) or {}
+    if all(abs(v) < 0.0005 for v in pc.values()):
+        half = w.get("stale_half")
+        share = _pct(None if half is None else half / max(1, PAST_CONTEXT["capacity"]), 0)
+        head = f"no round changed this window, {share} of slots stale at half"
+        return head + (": replace" if replace else ": keep")
+    best = min(pc, key=lambda k: (pc[k], list(pc).index(k)))
+    head = f"best round {best} {_saved(pc[best])}"
+    if replace:
+        return head + ", a round pays: replace"
+    return head + (", too little to pay: keep" if pc[best] < -0.0005 else ", no round pays: keep")
+
+
+class ExamplePool:
+    """The held-out labelled windows judge-history-3 retrieves its examples from: their
+    features as one matrix (nearest neighbours by one vectorised distance), duplicates (the
+    coin seeds' identical first windows) and too-close windows left out."""
+
+    def __init__(self, entries: list[dict], capacity: int = PAST_CONTEXT["capacity"]):
+        entries = [e for e in entries if e["label"] in ("replace", "keep")]
+        feats = np.stack([pool_features(e["window"], e["recent"], capacity) for e in entries])
+        labels = np.array([e["label"] == "replace" for e in entries])
+        # one of each near-duplicate (the coin seeds' windows before their coins differ): the
+        # same answer and features equal to a tenth of a unit
+        _, first = np.unique(np.c_[np.round(feats, 1), labels], axis=0, return_index=True)
+        keep = np.sort(first)
+        self.entries = [entries[i] for i in keep]
+        self.features, self.replace = feats[keep], labels[keep]
+
+    def nearest(self, w: dict, recent: Iterable[float | dict] = (), capacity: int = 0,
+                k: int = RETRIEVE_K) -> list[int]:
+        """Indices of the k windows nearest to `w` by pool_features; where all k have one
+        answer, the farthest of them gives way to the nearest with the other answer. In a fixed
+        order (the same set, the same prompt): the other answer's windows first, then those with
+        the nearest window's answer (last, where small models copy from), each in pool order."""
+        d = np.linalg.norm(self.features - pool_features(w, recent, capacity), axis=1)
+        order = np.argsort(d, kind="stable")
+        chosen = order[:k]
+        same = self.replace[chosen]
+        if k > 1 and (same.all() or not same.any()):
+            other = order[self.replace[order] != same[0]]
+            if other.size:
+                chosen = np.r_[chosen[:k - 1], other[0]]
+        near = self.replace[order[0]]
+        return sorted((int(i) for i in chosen), key=lambda i: (self.replace[i] == near, i))
+
+    def example(self, i: int) -> dict[str, Any]:
+        """Pool window i as a canned example: its window, the windows before, the judged answer."""
+        e = self.entries[i]
+        rep = e["label"] == "replace"
+        budget, evict = e["best"].split("_") if rep else ("small", "stale")
+        return {"window": e["window"], "recent": e["recent"],
+                "answer": {"reason": pool_reason(e["window"], rep), "replace": rep, "budget": budget,
+                           "evict": evict, "expected": ({"hit_rate": "up", "remote_rows": "down"} if rep
+                                                        else {"hit_rate": "flat", "remote_rows": "flat"})}}
+
+
+@lru_cache(maxsize=1)
+def example_pool() -> ExamplePool:
+    """The shipped pool (POOL_FILE), read once per process."""
+    lines = POOL_FILE.read_text().splitlines()
+    entries = [json.loads(x) for x in lines if x.strip()]
+    digests = {e["trace_digest"] for e in entries}
+    if digests != {POOL_DIGEST}:
+        raise ValueError(f"{POOL_FILE}: trace digests {sorted(digests)}, expected only {POOL_DIGEST}")
+    return ExamplePool(entries)
+
+
+@lru_cache(maxsize=1)
+def pool_design() -> dict[str, Any]:
+    """What the retrieved examples depend on, for the prompt design's hash."""
+    return {"pool": hashlib.sha256(POOL_FILE.read_bytes()).hexdigest()[:16], "k": RETRIEVE_K,
+            "features": list(FEATURES), "scale": FEATURE_SCALE.tolist(), "clip": list(SAVING_CLIP)}
+
+
 def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int = 0,
                    lookahead: bool = True) -> dict[str, Any]:
     """The judge variant's signals of window `w` (recent: earlier windows, oldest first, as dicts
@@ -689,6 +818,9 @@ class ContextBuilder:
                           else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
         if self.past:
             system, canned = PAST_SYSTEM, [PAST_CONTEXT, PAST_CANNED]
+        self.retrieve = self.variant.name in RETRIEVE_VARIANTS
+        if self.retrieve:  # judge-history-3: the examples are the pool's nearest windows per question
+            canned = [PAST_CONTEXT, pool_design()]
         self.judge_canned = canned  # [the example run's facts, its windows]: _judge_examples
         self.system = system + "\n" + self.answer_text
         variant = {k: v for k, v in asdict(self.variant).items() if k != "own_block"}
@@ -699,6 +831,7 @@ class ContextBuilder:
     judge = False
     history_only = False  # judge-history: no lookahead lines, the misses' set drift shown
     past = False  # judge-history-2: the past counterfactual shown, the history as actions only
+    retrieve = False  # judge-history-3: examples retrieved per window from the held-out pool
 
     # ---- static context -------------------------------------------------------------------
     def static_text(self) -> str:
@@ -976,12 +1109,15 @@ class ContextBuilder:
         """How a message of this run opens: the run's facts (first) or "Same run."."""
         return self.static_text() + "\n" if first else "Same run.\n"
 
-    def _judge_examples(self) -> list[tuple[str, dict]]:
+    def _judge_examples(self, retrieved: list[dict] | None = None) -> list[tuple[str, dict]]:
         """Canned windows with answers of every kind (keep, replace admitting misses, replace
         admitting any), each reason naming the signals it rests on: they show the format and
-        the signals' use, not a rule that settles every window."""
+        the signals' use, not a rule that settles every window. retrieved: judge-history-3's
+        windows of the held-out pool, in place of the canned ones."""
         out, prev_ctx = [], None
         base, canned = self.judge_canned
+        if retrieved is not None:
+            canned = retrieved
         for e in canned[: self.variant.max_examples]:
             cctx = {**base, **e.get("context", {})}
             cb = ContextBuilder(cctx, self.variant.name, self.history_k)
@@ -991,11 +1127,21 @@ class ContextBuilder:
                         e["answer"]))
         return out
 
+    def retrieved_examples(self, window: dict, recent: Iterable[float | dict] = ()) -> list[dict]:
+        """judge-history-3: the held-out pool's windows nearest to `window` (ExamplePool.nearest),
+        as canned examples, in ExamplePool.nearest's order."""
+        pool = example_pool()
+        return [pool.example(i) for i in pool.nearest(window, recent, self.ctx.capacity, self.variant.max_examples)]
+
     def build(self, window: dict, history: Iterable[HistoryEntry | dict] = (),
               recent: Iterable[float | dict] = ()) -> Prompt:
         hist = [h if isinstance(h, HistoryEntry) else HistoryEntry.model_validate(h) for h in history]
         msgs = [{"role": "system", "content": self.system}]
-        examples, own = self._examples(hist)
+        recent = list(recent)
+        if self.retrieve:
+            examples, own = self._judge_examples(self.retrieved_examples(window, recent)), 0
+        else:
+            examples, own = self._examples(hist)
         for user, answer in examples:
             msgs.append({"role": "user", "content": user})
             msgs.append({"role": "assistant", "content": json.dumps(_ordered(answer, self.variant.reason_first))})
@@ -1048,5 +1194,6 @@ def hindsight_example(h: HistoryEntry, capacity: int = 0, lookahead: bool = Fals
             "expected": {"hit_rate": h.outcome_hit_rate, "remote_rows": h.outcome_remote_rows or "flat"}}
 
 
-__all__ = ["ContextBuilder", "window_signals", "JUDGE_VARIANTS", "PAST_VARIANTS", "past_counterfactual", "past_line", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
+__all__ = ["ContextBuilder", "window_signals", "JUDGE_VARIANTS", "PAST_VARIANTS", "RETRIEVE_VARIANTS", "ExamplePool",
+           "example_pool", "pool_features", "pool_reason", "past_counterfactual", "past_line", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
            "ROWS_TOL", "BUDGET_SHARE", "hindsight_example", "per_minibatch", "as_context"]
