@@ -120,7 +120,7 @@ def test_judge_history_3_prompt_carries_the_nearest_pool_windows():
     assert a1.hash != ContextBuilder(PAST_CONTEXT, "judge-history-2b").hash
 
 
-# The evaluated history-only scenarios' traces (partition 0, seed order 0; BENCHMARKS 7h, 7j)
+# The evaluated history-only scenarios' traces (partition 0, seed order 0; BENCHMARKS 7h, 7k)
 EVALUATED_DIGESTS = {"history_cold": "a86c66429555", "history_cold_small": "9ea5067ec45f"}
 
 

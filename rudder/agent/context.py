@@ -52,7 +52,7 @@ Prompt variants (scored by `rudder agent eval`):
                 alternating, the reasons quoting the best round) and the run's history as its
                 actions only. judge-history-2b: the same without the run's own decisions.
   judge-history-3 judge-history-2b whose examples are retrieved per window (h18e, BENCHMARKS
-                7j): the RETRIEVE_K windows of a held-out labelled pool (history_pool.jsonl)
+                7k): the RETRIEVE_K windows of a held-out labelled pool (history_pool.jsonl)
                 nearest to the asked window by its signals (pool_features: the past
                 counterfactual's best saving, stale shares, hit-rate trend), both answers shown
                 where the pool has both, the nearest's answer last; reasons written from each pool
