@@ -200,3 +200,27 @@ def test_halo_search_paths_agree(monkeypatch):
         for (h1, p1), (h2, p2) in zip(got[True], got[False]):
             assert torch.equal(h1, h2) and torch.equal(p1, p2)
         assert bool(got[True][2][0].all())
+
+
+def test_halo_map_agrees_with_the_bucketed_search(monkeypatch):
+    """The direct id -> position map (dense ids) and the bucketed search (forced with
+    MAP_SPAN_PER_HALO = 0) find the same halo positions and the same non-halo ids, on both
+    paths; ids past the map's span and negative ids are not halo."""
+    rng = np.random.default_rng(12)
+    for span, H in ((1000, 900), (4000, 600), (50, 7)):
+        halo = torch.from_numpy(np.sort(rng.choice(span, H, replace=False)).astype(np.int64))
+        ids = torch.from_numpy(np.concatenate([[-3], np.unique(rng.integers(0, span + 100, 3000))]))
+        got = {}
+        for on in (True, False):
+            use_jit(monkeypatch, on)
+            for per in (HaloBuffer.MAP_SPAN_PER_HALO, 0):
+                monkeypatch.setattr(HaloBuffer, "MAP_SPAN_PER_HALO", per)
+                buf = HaloBuffer(halo, min(H, 10), 0, store_features=False)
+                assert (buf._pos_map is not None) == (per > 0)
+                is_halo, pos = buf.halo_positions(ids)
+                got[on, per] = (is_halo, pos.masked_select(is_halo))
+        first = next(iter(got.values()))
+        for h, p in got.values():
+            assert torch.equal(h, first[0]) and torch.equal(p, first[1])
+        assert torch.equal(ids.masked_select(first[0]), halo[first[1]])
+        assert torch.equal(first[0], torch.isin(ids, halo))

@@ -67,4 +67,5 @@ def warm() -> None:
     k.fill_counts(i64, f64, 0.5)
     k.topk_smallest(i64, 1)
     k.halo_search(i64, i64, i64, 0, 1)
+    k.halo_map(np.zeros(2, np.int32), i64)
     _loaded["warm"] = True

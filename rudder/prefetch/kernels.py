@@ -433,3 +433,18 @@ def halo_search(off, halo, x, shift, steps):
         pos[i] = p
         is_halo[i] = halo[p] == v
     return is_halo, pos
+
+
+@_jit
+def halo_map(pos_map, x):
+    """(is_halo, position) of each id through the direct id -> position map (HaloBuffer's
+    pos_map: int32, -1 where not halo); position 0 where not halo."""
+    m, span = x.size, pos_map.size
+    is_halo = np.empty(m, dtype=np.bool_)
+    pos = np.empty(m, dtype=np.int64)
+    for i in range(m):
+        v = x[i]
+        p = pos_map[v] if 0 <= v < span else -1
+        is_halo[i] = p >= 0
+        pos[i] = max(p, 0)
+    return is_halo, pos
