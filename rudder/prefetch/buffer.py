@@ -256,7 +256,11 @@ class HaloBuffer:
         page faults each minibatch). The scratch never
         leaves this call, so reusing it is safe while earlier outputs are still being trained on;
         the thread that runs steps is the only caller."""
-        if _byte_rows(out, self.feats):  # both CPU, row-contiguous, same dtype: one numpy row copy
+        if _byte_rows(out, self.feats):  # both CPU, row-contiguous, same dtype: whole rows' bytes
+            k = jit.kernels()
+            if k is not None:  # one compiled pass, no temporary
+                k.copy_rows(_words(out), rows.cpu().numpy(), _words(self.feats), slots.cpu().numpy())
+                return
             _rows(out)[rows.cpu().numpy()] = _rows(self.feats).take(slots.cpu().numpy())  # (2-3x index_select+index_copy_)
             return
         n = slots.numel()
@@ -607,6 +611,17 @@ def _rows(t: torch.Tensor) -> np.ndarray:
     dtype, bfloat16 too): fancy indexing then copies whole rows, bit for bit."""
     raw = t.view(torch.uint8).numpy()
     return raw.view(np.dtype((np.void, raw.shape[1]))).reshape(t.shape[0])
+
+
+def _words(t: torch.Tensor) -> np.ndarray:
+    """A contiguous 2-D CPU tensor's bytes as a 2-D numpy array of the widest unsigned integers
+    that tile a row (8 bytes where the row's size allows): copying them copies the rows bit for bit."""
+    raw = t.view(torch.uint8).numpy()
+    width = raw.shape[1]
+    for w in (np.uint64, np.uint32, np.uint16):
+        if width % np.dtype(w).itemsize == 0:
+            return raw.view(w)
+    return raw
 
 
 def choose_initial(

@@ -448,3 +448,16 @@ def halo_map(pos_map, x):
         is_halo[i] = p >= 0
         pos[i] = max(p, 0)
     return is_halo, pos
+
+
+# ---- hit rows into the output (HaloBuffer.gather_into) ------------------------------------------
+
+@_jit
+def copy_rows(dst, rows, src, slots):
+    """dst[rows[i]] = src[slots[i]], row by row (2-D integer views of the rows' bytes: a bit-exact
+    copy): numpy's take + fancy assignment goes through a temporary of every row, twice the
+    memory traffic of this one pass (~3x slower at synth-bench's ~9k hit rows of 512 bytes)."""
+    for i in range(rows.size):
+        r, s = rows[i], slots[i]
+        for j in range(dst.shape[1]):
+            dst[r, j] = src[s, j]
