@@ -5,7 +5,8 @@ the run's own records (minibatches-r<R>.jsonl, epochs-r<R>.jsonl); nothing is re
 
 Per rank, ms per minibatch (mean over the run's minibatches): sampling (the work, and the
 loader's wait for it), plan, the pull (t_fetch), the rest of assembling (buffer lookup and
-bookkeeping, writing hit rows, labels: t_assemble, of which t_buffer), the loader's total
+bookkeeping, writing hit rows, labels: t_assemble, of which t_buffer and the labels' read,
+t_labels, where the run recorded it), the loader's total
 (t_load), compute, the training thread's wait for the loader (t_stall), and the wire time of
 the rows the rank fetched at the link's rate (fetched_bytes * 8 / rate). Per run: the epoch
 (slowest rank) against rudder.bounds' compute-only and pipeline bounds, and a third, looser
@@ -24,8 +25,8 @@ import numpy as np
 from rudder.bounds import run_bounds
 from rudder.records import read_jsonl
 
-STAGES = ("t_sample", "t_sample_wait", "t_plan", "t_fetch", "t_assemble", "t_buffer", "t_load",
-          "t_compute", "t_stall")
+STAGES = ("t_sample", "t_sample_wait", "t_plan", "t_fetch", "t_assemble", "t_buffer", "t_labels",
+          "t_load", "t_compute", "t_stall")
 
 
 def rate_bps(bandwidth: str) -> float:
@@ -56,6 +57,7 @@ def breakdown(run_dir: Path, bps: float) -> dict:
     for r, recs in mbs.items():
         row = {k: 1e3 * float(np.mean([m.get(k) or 0.0 for m in recs])) for k in STAGES}
         wire = [8.0 * m["fetched_bytes"] / bps for m in recs]
+        row["labels_recorded"] = any(m.get("t_labels") is not None for m in recs)
         row["wire"] = 1e3 * float(np.mean(wire))
         row["MB"] = float(np.mean([m["fetched_bytes"] for m in recs])) / 1e6
         row["pull_MBps"] = (sum(m["fetched_bytes"] for m in recs) / 1e6
@@ -77,15 +79,16 @@ def main() -> None:
     args = ap.parse_args()
     bps = rate_bps(args.bandwidth)
     print("| run | rank | epoch s (this rank) | sample | waited | plan | pull | wire at rate | MB/minibatch "
-          "| pull MB/s | assemble (buffer) | loader total | compute | stall | wire floor s "
+          "| pull MB/s | assemble (buffer, labels) | loader total | compute | stall | wire floor s "
           "| Σmax(sample, compute, wire) s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d in args.runs:
         res = breakdown(d, bps)
         for r, x in res["ranks"].items():
+            labels = f"{x['t_labels']:.1f}" if x["labels_recorded"] else "–"
             print(f"| {res['run']} | {r} | {x['t_epoch']:.2f} | {x['t_sample']:.0f} | {x['t_sample_wait']:.0f} "
                   f"| {x['t_plan']:.1f} | {x['t_fetch']:.0f} | {x['wire']:.0f} | {x['MB']:.2f} | {x['pull_MBps']:.1f} "
-                  f"| {x['t_assemble']:.0f} ({x['t_buffer']:.0f}) | {x['t_load']:.0f} | {x['t_compute']:.0f} "
+                  f"| {x['t_assemble']:.0f} ({x['t_buffer']:.0f}, {labels}) | {x['t_load']:.0f} | {x['t_compute']:.0f} "
                   f"| {x['t_stall']:.0f} | {x['wire_floor_s']:.2f} | {x['pipe_wire_s']:.2f} |")
         print(f"| {res['run']} | run | {res['epoch_s']:.2f} | bounds: pipeline {res['pipeline_s']:.2f} s, "
               f"compute-only {res['compute_s']:.2f} s, with the wire {res['pipe_wire_s']:.2f} s; "

@@ -281,7 +281,9 @@ class MinibatchPipeline:
             self.past.step(buf, remote, future)
         t_asm = time.perf_counter()
         x, stats = self.feats.fetch(input_nodes, plan, future, remote=remote)
+        t_labels = time.perf_counter()
         y = self.labels[seeds]
+        t_labels = time.perf_counter() - t_labels
         t_asm = time.perf_counter() - t_asm - stats.t_fetch  # all but the pull itself
         bad = 0
         if self.check:  # here, not in the training thread: DGL RPC stays on one thread
@@ -291,7 +293,7 @@ class MinibatchPipeline:
                                       t_compute=self.state.last_t_compute,
                                       t_stall=self.state.last_t_stall,
                                       t_sample_wait=t_sample_wait, t_plan=t_plan,
-                                      t_assemble=max(t_asm, 0.0))
+                                      t_assemble=max(t_asm, 0.0), t_labels=t_labels)
         record = rec.to_dict()
         window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future, roll=True))
         if window is not None:

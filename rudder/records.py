@@ -112,6 +112,7 @@ class MinibatchRecord:
     t_stall_max: float | None = None
     admitted_rows: int = _extra(0)  # slots changed (StepStats)
     t_policy: float | None = _extra()  # the loader's seconds in policy.plan + observe
+    t_labels: float | None = _extra()  # of t_assemble: the seeds' labels (training only)
 
     @classmethod
     def of_step(cls, epoch: int, step: int, global_step: int, stats: StepStats, *, t_sample: float = 0.0,

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from rudder.data.partition import served_features
     from rudder.pipeline import MinibatchPipeline
     from rudder.prefetch.metrics import MetricsCollector
+    from rudder.prefetch.labels import SeedLabels
     from rudder.prefetch.policies import make_policy, policy_extras
     from rudder.records import EpochTotals, read_run
     from rudder.device import DeviceError, synchronize
@@ -68,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         tc.eval_every and (epoch + 1) % tc.eval_every == 0 or epoch == tc.epochs - 1)
     ctx = start_policy(policy, cfg, part, feats, fill.capacity, steps_per_epoch, full_steps, args.run_dir, device)
     trace = trace_writer(args.run_dir, part, feats, fill.capacity) if pc.record_trace else None
+    # the rank's seed labels read once, here, before the loader thread's RPC starts
+    labels = SeedLabels(part.labels, part.train_nids)
     pipe = MinibatchPipeline(
-        lambda epoch: train_loader, feats, part.labels, policy, MetricsCollector(pc.window),
+        lambda epoch: train_loader, feats, labels, policy, MetricsCollector(pc.window),
         steps_per_epoch, tc.epochs, sample_ahead(pc), trace_writer=trace, check=check,
         hold_after=evaluates,  # the loader waits while this thread evaluates (DGL RPC)
         sample_next_epoch=next_epoch,

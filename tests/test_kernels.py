@@ -200,3 +200,52 @@ def test_halo_search_paths_agree(monkeypatch):
         for (h1, p1), (h2, p2) in zip(got[True], got[False]):
             assert torch.equal(h1, h2) and torch.equal(p1, p2)
         assert bool(got[True][2][0].all())
+
+
+def test_halo_map_agrees_with_the_bucketed_search(monkeypatch):
+    """The direct id -> position map (dense ids) and the bucketed search (forced with
+    MAP_SPAN_PER_HALO = 0) find the same halo positions and the same non-halo ids, on both
+    paths; ids past the map's span and negative ids are not halo."""
+    rng = np.random.default_rng(12)
+    for span, H in ((1000, 900), (4000, 600), (50, 7)):
+        halo = torch.from_numpy(np.sort(rng.choice(span, H, replace=False)).astype(np.int64))
+        ids = torch.from_numpy(np.concatenate([[-3], np.unique(rng.integers(0, span + 100, 3000))]))
+        got = {}
+        for on in (True, False):
+            use_jit(monkeypatch, on)
+            for per in (HaloBuffer.MAP_SPAN_PER_HALO, 0):
+                monkeypatch.setattr(HaloBuffer, "MAP_SPAN_PER_HALO", per)
+                buf = HaloBuffer(halo, min(H, 10), 0, store_features=False)
+                assert (buf._pos_map is not None) == (per > 0)
+                is_halo, pos = buf.halo_positions(ids)
+                got[on, per] = (is_halo, pos.masked_select(is_halo))
+        first = next(iter(got.values()))
+        for h, p in got.values():
+            assert torch.equal(h, first[0]) and torch.equal(p, first[1])
+        assert torch.equal(ids.masked_select(first[0]), halo[first[1]])
+        assert torch.equal(first[0], torch.isin(ids, halo))
+
+
+@pytest.mark.parametrize("dtype,dim", [(torch.float32, 128), (torch.float32, 3), (torch.bfloat16, 3),
+                                       (torch.float16, 1), (torch.uint8, 5), (torch.float64, 2)])
+def test_gather_into_copies_rows_bit_for_bit_on_both_paths(monkeypatch, dtype, dim):
+    """The compiled row copy (integer words of each row's bytes: 8, 4, 2 or 1 wide) and the numpy
+    path write exactly the buffered rows, NaN payloads included, and nothing else."""
+    g = torch.Generator().manual_seed(3)
+    halo = torch.arange(0, 200, 2)
+    rows = torch.randint(0, 256, (60, dim * torch.empty(0, dtype=dtype).element_size()),
+                         dtype=torch.uint8, generator=g).view(dtype)  # any bit pattern
+    got = {}
+    for on in (True, False):
+        use_jit(monkeypatch, on)
+        buf = HaloBuffer(halo, 60, dim, dtype=dtype)
+        buf.fill(halo[:60], rows)
+        out = torch.zeros((40, dim), dtype=dtype)
+        at = torch.tensor([0, 3, 4, 17, 39])
+        slots = torch.tensor([59, 0, 7, 30, 2])
+        buf.gather_into(out, at, slots)
+        got[on] = out.view(torch.uint8).clone()
+        want = torch.zeros((40, dim), dtype=dtype)
+        want[at] = rows[slots]
+        assert torch.equal(got[on], want.view(torch.uint8))
+    assert torch.equal(got[True], got[False])

@@ -67,4 +67,7 @@ def warm() -> None:
     k.fill_counts(i64, f64, 0.5)
     k.topk_smallest(i64, 1)
     k.halo_search(i64, i64, i64, 0, 1)
+    k.halo_map(np.zeros(2, np.int32), i64)
+    for w in (np.uint64, np.uint32, np.uint16, np.uint8):  # buffer._words' widths
+        k.copy_rows(np.zeros((2, 2), w), i64[:1], np.zeros((2, 2), w), i64[:1])
     _loaded["warm"] = True
