@@ -53,6 +53,18 @@ def past_shares(window: dict) -> dict[str, float] | None:
     return {k[len("past_fetched_"):]: (keep - v) / remote for k, v in window.items() if k.startswith("past_fetched_")}
 
 
+def one_round(round, first: int):
+    """A policy that plans `round` (None: keep) at minibatch `first` and nothing else: one branch
+    of the judge's counterfactual."""
+    from rudder.prefetch.policy import Policy
+
+    class OneRound(Policy):
+        def plan(self, step):
+            return round if step.global_step == first else None
+
+    return OneRound()
+
+
 def _policy_base():
     from rudder.prefetch.policy import Policy
 
@@ -88,7 +100,7 @@ def _policy_base():
 def play(trace, pc, choose, horizon: int = 0, judge_opts=None):
     """Replays `trace` under PastPolicy(choose); with horizon > 0 also the judge's shares of
     every option at every window close (forks). Returns (fetched rows, windows, answers, judged)."""
-    from rudder.sim.replay import BufferReplayer, PositionTrace, _OneRound, replay
+    from rudder.sim.replay import BufferReplayer, PositionTrace, replay
 
     PastPolicy = _policy_base()
     pt, C, W = PositionTrace(trace), trace.capacity, pc.window
@@ -106,7 +118,7 @@ def play(trace, pc, choose, horizon: int = 0, judge_opts=None):
             span = slice(first, first + horizon * W)
             got = {}
             for label, r in [(None, None), *pol.rounds.items()]:
-                f = run.fork(_OneRound(r, first))
+                f = run.fork(one_round(r, first))
                 f.records = False
                 n = replay(pt, f, stop=span.stop)
                 got[label] = (int(n["fetched_rows"][span].sum()), int(n["remote_rows"][span].sum()))

@@ -221,17 +221,6 @@ class BufferReplayer(Replayer):
         return new
 
 
-class _OneRound(Policy):
-    """`round` (None: keep) at minibatch `first`, nothing else: a branch of the past
-    counterfactual."""
-
-    def __init__(self, round: Any, first: int):
-        self.round, self.first = round, first
-
-    def plan(self, step: StepInfo) -> Any:
-        return self.round if step.global_step == self.first else None
-
-
 class NoBufferReplayer(Replayer):
     """Plain DistDGL: every remote row pulled every time."""
 
