@@ -16,6 +16,8 @@ import argparse
 import time
 from pathlib import Path
 
+from bench_same_memory import at_capacity  # benchmarks/ is on sys.path when run as a script
+
 from rudder.sim.oracle import belady
 from rudder.sim.simulate import simulate
 from rudder.sim.tracegen import TraceGenSpec, cached_trace
@@ -47,9 +49,7 @@ def main() -> None:
         per_epoch = full.num_minibatches // max(1, len(set(full.epoch.tolist())))
         for f in a.fractions:
             C = int(f * full.num_halo)
-            # the fill at fraction f: the first C of the degree-ordered fill (highest first)
-            t = Trace(halo=full.halo, offsets=full.offsets, ids=full.ids, epoch=full.epoch,
-                      init=full.init[:C], capacity=C)
+            t = at_capacity(full, C)  # the fill at fraction f: the first C of the degree-ordered fill
             t0 = time.perf_counter()
             opt = belady(t, universe="all")
             none = opt.total_remote
