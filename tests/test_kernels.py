@@ -249,3 +249,23 @@ def test_gather_into_copies_rows_bit_for_bit_on_both_paths(monkeypatch, dtype, d
         want[at] = rows[slots]
         assert torch.equal(got[on], want.view(torch.uint8))
     assert torch.equal(got[True], got[False])
+
+
+@pytest.mark.parametrize("capacity", [10, 150, 600])  # below and above a sixth of the halo: gather / scan
+def test_slot_next_use_by_gather_and_by_scan(capacity):
+    """Each slot's next use, min(first - off, INF) (INF + 1 for an empty slot), the same whether
+    the kernel gathers per slot (a small buffer) or scans the halo (a large one)."""
+    from rudder.prefetch import kernels
+
+    rng = np.random.default_rng(capacity)
+    H, off, INF = 600, 4, 9
+    state = np.zeros((H, 4), np.int32)
+    state[:, 0] = rng.integers(0, 20, H)
+    state[rng.random(H) < 0.5, 0] = kernels.NONE
+    slot_pos = rng.permutation(H)[:capacity].astype(np.int64)
+    slot_pos[rng.random(capacity) < 0.2] = -1
+    slot_of = np.full(H, -1, np.int64)
+    slot_of[slot_pos[slot_pos >= 0]] = np.flatnonzero(slot_pos >= 0)
+    want = np.where(slot_pos >= 0, np.minimum(state[np.maximum(slot_pos, 0), 0].astype(np.int64) - off, INF),
+                    INF + 1)
+    assert np.array_equal(kernels._slot_next_use(state, off, INF, slot_of, slot_pos), want)
