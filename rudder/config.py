@@ -126,13 +126,13 @@ class PrefetchConfig(Strict):
     alpha: float = Field(0.05, gt=0, lt=1)  # score decay per minibatch (reference default)
     period: int = Field(25, gt=0)  # fixed policy replaces every `period` minibatches
     lookahead: int = Field(8, ge=0)  # minibatches sampled ahead: 8 got 0.95-0.99 of Belady's hits
-    # Know each epoch's minibatches all at its start and keep them (blocks included: memory
+    # Know each epoch's minibatches ahead and keep them (blocks included: memory
     # grows with the epoch), so the lookahead round plans over the rest of the epoch (RapidGNN's
-    # schedule; issue 17). `lookahead` is then not used. With train.samplers 0 epoch e+1 is
-    # sampled while e trains (one minibatch after each of e's: only epoch 0 waits for its
-    # sampling; the loader holds about one epoch's minibatches) and the shuffle is SeedOrder's
-    # by (seed, rank, epoch); with samplers > 0 each epoch is sampled at its start (DGL's sampler
-    # pool has no locking and evaluation shares it). BENCHMARKS §13.
+    # schedule; issue 17). Epoch e+1 is sampled while e trains (only the first epoch waits, for
+    # its first 1 + `lookahead` minibatches; its rest is sampled during it; the loader holds
+    # about one epoch's minibatches), with train.samplers 0 in the loader thread, with samplers
+    # > 0 in the sampler processes beside the pulls; the shuffle is SeedOrder's by (seed, rank,
+    # epoch). BENCHMARKS §13.
     schedule_ahead: bool = False
     budget: float = Field(0.1, gt=0, le=1)  # max share of capacity replaced per round
     # lookahead admits only the current misses (no extra rows), or `any` node of the window

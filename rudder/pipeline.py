@@ -13,14 +13,18 @@ RPC client, the neighbour sampling of the next minibatches runs while this threa
 none it runs in this thread before the pull. The loader runs on across epoch boundaries, except
 after an epoch the training thread follows with RPC of its own (evaluation: `hold_after`).
 
-sample_next_epoch (prefetch.schedule_ahead with train.samplers 0): each epoch is sampled whole
-before its first minibatch (the policy plans over the rest of the epoch), and epoch e+1's
-minibatches are sampled during epoch e, one after each minibatch of e is handed over, so e+1
-starts with nothing left to sample (only epoch `first` waits for its own sampling). All of e+1
-is sampled before e's end is handed over, so no sampling RPC follows an epoch the training
-thread evaluates after. The policy still sees only the rest of the current epoch. The loader
-then holds about one epoch's sampled minibatches at any time (the rest of e plus e+1's so far),
-plus the queue's.
+sample_next_epoch (prefetch.schedule_ahead): the policy plans over the rest of the epoch as
+sampled so far. Epoch e+1's minibatches are sampled during epoch e, after the hand-overs of e's
+(while the training thread computes), so e+1 starts with nothing left to sample. The first epoch
+has nothing before it: it starts once 1 + `start_depth` of its minibatches are sampled (its
+policy's future grows as the rest are sampled, during it). After each hand-over the loader
+samples its share of what is left (the rest of this epoch first: DGL 2.1's iter() for e+1 would
+reset the loader e still samples from, then e+1's), enough that all of e+1 is sampled before
+e's end is handed over, so no sampling RPC follows an epoch the training thread evaluates
+after. With sampler processes (train.samplers > 0) "sampling" here is collecting what they
+sampled in the background: e+1's sampling then runs beside e's pulls. The policy still sees
+only the rest of the current epoch. The loader then holds about one epoch's sampled
+minibatches at any time (the rest of e plus e+1's so far), plus the queue's.
 """
 from __future__ import annotations
 
@@ -154,7 +158,8 @@ class MinibatchPipeline:
         trace_writer=None,
         check: bool = False,
         hold_after=None,  # epoch -> True: the training thread issues DGL RPC after it (evaluation)
-        sample_next_epoch: bool = False,  # sample epoch e+1 during e (schedule_ahead, samplers 0)
+        sample_next_epoch: bool = False,  # sample epoch e+1 during e (schedule_ahead)
+        start_depth: int | None = None,  # sample_next_epoch: the first epoch's future at its start
     ):
         self.sample_iter_factory = sample_iter_factory
         self.feats = feats
@@ -168,6 +173,7 @@ class MinibatchPipeline:
         self.check = check  # compare every assembled row with a plain pull (an extra RPC)
         self.hold_after = hold_after or (lambda epoch: False)
         self.sample_next_epoch = sample_next_epoch
+        self.start_depth = lookahead if start_depth is None else min(start_depth, lookahead)
         self.state = PipelineState()
         # the window records' past counterfactual when the policy wants it (the replay's code)
         self.past = PastCounterfactual(getattr(policy, "past_rounds", None))
@@ -237,21 +243,21 @@ class MinibatchPipeline:
 
     def _load_epoch(self, epoch: int, cur: _Sampled, nxt: _Sampled | None) -> bool:
         """Hands over epoch `epoch`'s minibatches (sampled in `cur`, 1 + lookahead of them ahead;
-        `nxt`: the next epoch's, sampled one after each minibatch handed over and finished
-        before this returns). False: stopped."""
+        with sample_next_epoch 1 + start_depth, the rest of `cur` and then all of `nxt`, the
+        next epoch's, sampled after the hand-overs and finished before this returns). False:
+        stopped."""
         base = epoch * self.steps_per_epoch
+        depth = self.start_depth if self.sample_next_epoch else self.lookahead
         for step in range(self.steps_per_epoch):
             if self._stop.is_set():
                 return False
             t_load = time.perf_counter()
-            cur.fill(1 + self.lookahead)  # the current minibatch and the known future
+            cur.fill(1 + depth)  # the current minibatch and the known future
             if not cur.ahead:
                 break
             self._put(epoch, step, base + step, cur.ahead, t_load)
-            if nxt is not None:  # after the hand-over: the training thread computes meanwhile
-                if not cur.done:  # e+1's iter() would reset the loader e still samples from
-                    raise RuntimeError("sample_next_epoch needs each epoch sampled whole at its start")
-                nxt.sample()
+            if self.sample_next_epoch:  # after the hand-over: the training thread computes meanwhile
+                _sample_share(cur, nxt, self.steps_per_epoch - step)
         while nxt is not None and not self._stop.is_set() and nxt.sample():
             pass  # the rest of e+1 (an epoch shorter than its steps): none after e's end
         return not self._stop.is_set()
@@ -304,6 +310,17 @@ class MinibatchPipeline:
         rec.t_load = time.perf_counter() - t_load
         self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
                               window, mismatched_rows=bad, t_policy=t_pol, record=rec))
+
+
+def _sample_share(cur: _Sampled, nxt: _Sampled | None, slots: int) -> None:
+    """Samples this hand-over's share of what `cur` and `nxt` have left, spread evenly over the
+    `slots` after this and the epoch's later hand-overs, so the last leaves nothing (the first
+    epoch has its own rest to sample besides the next one's: about two per hand-over; later
+    epochs one). `cur` first: `nxt`'s iter() would reset the DGL loader `cur` still samples from."""
+    left = (0 if cur.done else cur.left) + (0 if nxt is None or nxt.done else nxt.left)
+    for _ in range(-(-left // max(slots, 1))):
+        if not cur.sample() and (nxt is None or not nxt.sample()):
+            return
 
 
 def discard_pending(it) -> int:

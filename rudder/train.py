@@ -54,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     part.feat = served_features(part.feat, cfg.dataset.feature_dtype)
     policy = make_policy(pc, **policy_extras(cfg))
     feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
-    # schedule_ahead samples epoch e+1 while e trains, with samplers 0 only: DGL's sampler pool
-    # has no locking and evaluation shares it (with samplers > 0 each epoch is sampled at its start)
-    next_epoch = schedules_ahead(pc) and tc.samplers == 0
+    # schedule_ahead samples epoch e+1 while e trains (with samplers > 0 it collects what the
+    # sampler processes sampled meanwhile); all of e+1 before e ends: DGL's sampler pool has no
+    # locking and evaluation, in this thread, shares it
+    next_epoch = schedules_ahead(pc)
     train_loader, steps_per_epoch, full_steps = train_loader_and_steps(part, tc, seeded=next_epoch)
     classes = int(run.get("num_classes") or 0)
     model, opt = make_model(part, tc, classes, device)
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         steps_per_epoch, tc.epochs, sample_ahead(pc), trace_writer=trace, check=check,
         hold_after=evaluates,  # the loader waits while this thread evaluates (DGL RPC)
         sample_next_epoch=next_epoch,
+        start_depth=pc.lookahead,  # the first epoch starts once 1 + lookahead are sampled
     )
     out = RecordFiles(args.run_dir, part.rank)
     (args.run_dir / f"context-r{part.rank}.json").write_text(json.dumps(ctx.__dict__, default=str))

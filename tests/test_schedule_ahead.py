@@ -3,7 +3,11 @@ window over the rest of the epoch, and the lookahead round over it against the n
 from scratch."""
 from __future__ import annotations
 
+import collections
+import time
+
 import pytest
+import torch
 
 from rudder.config import WHOLE_EPOCH, ConfigError, PrefetchConfig, RunConfig, parse_config, sample_ahead
 from rudder.prefetch.buffer import HaloBuffer
@@ -152,9 +156,55 @@ class ResettingLoader:
         return self.collate(torch.randint(0, self.N // 2, (10,), generator=g))
 
 
-def _interleaved(evaluates=lambda e: False, eval_seconds=0.0, epochs=3):
+class SamplerPoolLoader(ResettingLoader):
+    """DGL 2.1's DistDataLoader with a sampler process (train.samplers 1): iter() resets it and
+    logs ("iter", epoch, what its pool still held: it would come out as the new epoch's), next()
+    keeps QUEUE minibatches requested from the pool (a worker thread sampling in the background,
+    logged as ("pooled", epoch, step)) and collects the oldest (logged as ("sample", epoch, step))."""
+
+    QUEUE = 2
+
+    def __init__(self, log, lock):
+        from concurrent.futures import ThreadPoolExecutor
+
+        super().__init__(log, lock)
+        self.pool, self.results, self.num_pending = ThreadPoolExecutor(1), collections.deque(), 0
+
+    def __iter__(self):
+        with self.lock:
+            self.log.append(("iter", self.epoch + 1, self.num_pending))
+        self.epoch, self.requested, self.received, self.num_pending = self.epoch + 1, 0, 0, 0
+        return self
+
+    def _sample(self, epoch, step):
+        time.sleep(0.002)  # the sampling's own time, beside the caller's
+        g = torch.Generator().manual_seed(epoch * 100 + step)
+        seeds = torch.randint(0, self.N // 2, (10,), generator=g)
+        with self.lock:
+            self.log.append(("pooled", epoch, step))
+        return torch.cat([seeds, seeds + self.N // 2, epoch * 1000 + seeds]), seeds, None, 0.001
+
+    def __next__(self):
+        while self.num_pending < self.QUEUE and self.requested < self.BATCHES:
+            self.results.append(self.pool.submit(self._sample, self.epoch, self.requested))
+            self.requested, self.num_pending = self.requested + 1, self.num_pending + 1
+        if self.received == self.BATCHES:
+            raise StopIteration
+        got = self._get_data_from_result_queue()
+        with self.lock:
+            self.log.append(("sample", self.epoch, self.received))
+        self.received, self.num_pending = self.received + 1, self.num_pending - 1
+        return got
+
+    def _get_data_from_result_queue(self, timeout=1800):
+        return self.results.popleft().result(timeout)
+
+
+def _interleaved(evaluates=lambda e: False, eval_seconds=0.0, epochs=3, start_depth=None,
+                 loader_cls=ResettingLoader):
     """A pipeline that samples epoch e+1 while e trains (schedule_ahead's depth), over a
-    ResettingLoader; the training thread logs what it receives and its evaluations."""
+    ResettingLoader (or `loader_cls`); the training thread logs what it receives and its
+    evaluations. start_depth: the first epoch's future at its start (train.py: lookahead)."""
     import threading
     import time
 
@@ -187,12 +237,12 @@ def _interleaved(evaluates=lambda e: False, eval_seconds=0.0, epochs=3):
     buf = HaloBuffer(halo, 20, DIM)
     buf.fill(halo[:20], feat[halo[:20]])
     feats = BufferedFeatures(feat, lambda ids: (ids >= N // 2).long(), 0, buf, local_id=0)
-    loader = ResettingLoader(log, lock)
+    loader = loader_cls(log, lock)
     trace = Trace()
     depth = sample_ahead(PrefetchConfig(policy="lookahead", schedule_ahead=True))
     pipe = MinibatchPipeline(lambda e: loader, feats, torch.arange(feat.shape[0]) % 3, Recording(),
                              MetricsCollector(4), STEPS, epochs, depth, queue_size=2, trace_writer=trace,
-                             hold_after=evaluates, sample_next_epoch=True)
+                             hold_after=evaluates, sample_next_epoch=True, start_depth=start_depth)
     for epoch in range(epochs):
         for mb in pipe.epoch(epoch):
             assert torch.equal(mb.feats, feat[mb.input_nodes])
@@ -263,3 +313,57 @@ def test_the_seeded_shuffle_is_new_each_epoch_and_reproducible():
     assert sorted(a.epoch(2)) == list(range(100))
     assert not np.array_equal(trainer_order(SimpleNamespace(train_nids=part.train_nids, rank=0), tc).epoch(0),
                               a.epoch(0))
+
+
+def _held(log):
+    """The most minibatches sampled (collected) and not yet planned at any time."""
+    held = most = 0
+    for kind, *_ in log:
+        held += {"sample": 1, "plan": -1}.get(kind, 0)
+        most = max(most, held)
+    return most
+
+
+@pytest.mark.parametrize("loader_cls", [ResettingLoader, SamplerPoolLoader])
+def test_the_first_epoch_starts_after_its_lookahead_and_samples_its_rest_during_it(loader_cls):
+    """No bubble: the first epoch's first minibatch is planned (and handed over) once 1 +
+    start_depth of its minibatches are sampled, not the whole epoch; the policy's future is
+    what of the rest of its epoch is sampled so far (at least start_depth, growing to the whole
+    rest); the rest of the first epoch is sampled during it, and all of the second before the
+    first's end (no sampling while the training thread evaluates), within one epoch's memory."""
+    D, STEPS = 2, ResettingLoader.BATCHES
+    log, futures, remote, _ = _interleaved(lambda e: True, eval_seconds=0.05, start_depth=D,
+                                           loader_cls=loader_cls)
+    first_plan = log.index(("plan", 0, 0))
+    assert [x for x in log[:first_plan] if x[0] == "sample"] == [("sample", 0, s) for s in range(D + 1)]
+    for (e, s), fut in futures.items():  # a prefix of the rest of its own epoch, never beyond it
+        want = [remote[e, j] for j in range(s + 1, STEPS)]
+        assert min(D, len(want)) <= len(fut) <= len(want), (e, s)
+        assert all(a.equal(b) for a, b in zip(fut, want)), (e, s)
+    assert len(futures[0, 2]) == STEPS - 3  # the first epoch's rest was sampled during it
+    for e in range(3):
+        start = log.index(("eval", e, "start"))
+        assert log[start + 1] == ("eval", e, "end")  # nothing of the loader in between
+        if e < 2:  # the next epoch sampled whole before this one's end, after this one's sampling
+            nxt = [log.index(("sample", e + 1, s)) for s in range(STEPS)]
+            assert max(nxt) < start and min(nxt) > log.index(("sample", e, STEPS - 1))
+            assert min(nxt) < log.index(("plan", e, STEPS - 1))  # during epoch e
+    assert _held(log) <= STEPS
+
+
+def test_with_sampler_processes_the_next_epoch_samples_beside_this_one():
+    """train.samplers > 0: epoch e+1's iterator is opened only after e's last minibatch is
+    collected, with nothing of e left in the pool (it would be handed out as e+1's); the sampler
+    works on e+1 while e is still being handed over; all of e+1 is collected before e's end, so
+    the pool is idle while the training thread evaluates (it shares the pool)."""
+    STEPS = ResettingLoader.BATCHES
+    log, *_ = _interleaved(lambda e: True, eval_seconds=0.05, start_depth=1, loader_cls=SamplerPoolLoader)
+    iters = [x for x in log if x[0] == "iter"]
+    assert iters == [("iter", e, 0) for e in range(3)]
+    for e in range(2):
+        assert log.index(("iter", e + 1, 0)) > log.index(("sample", e, STEPS - 1))
+        assert log.index(("pooled", e + 1, 0)) < log.index(("plan", e, STEPS - 1))
+        assert log.index(("pooled", e + 1, STEPS - 1)) < log.index(("eval", e, "start"))
+    for e in range(3):
+        start = log.index(("eval", e, "start"))
+        assert log[start + 1] == ("eval", e, "end")

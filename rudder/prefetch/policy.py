@@ -100,8 +100,9 @@ class RunContext:
     run_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # prefetch.schedule_ahead on a policy that samples ahead: each epoch's minibatches are all
-    # sampled at its start, so the round (and the prompt) see the rest of the epoch, not
-    # `lookahead` minibatches (config.sample_ahead)
+    # sampled by its start (the first epoch's: 1 + lookahead of them, the rest during it), so the
+    # round (and the prompt) see the rest of the epoch (as sampled so far), not `lookahead`
+    # minibatches (config.sample_ahead)
     schedule_ahead: bool = False
 
     @property
