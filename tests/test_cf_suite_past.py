@@ -1,0 +1,99 @@
+"""Issue 18, must-have 5: the decision suite from the mixed-label scenarios with the past
+counterfactual (benchmarks/bench_cf_suite_past.py). Its windows are labelled by the
+counterfactual judge's forks (replace when the best option saves > 0.5% of the horizon's remote
+rows, keep when none saves anything, too close left out), carry the past counterfactual the live
+trainer computes, are balanced per scenario and split by graph; none comes from the
+judge-history-3 example pool's trace. Fast: small random traces, no model."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_cf_suite_past as suite  # noqa: E402
+
+from rudder.agent.context import POOL_DIGEST, POOL_FILE, ContextBuilder  # noqa: E402
+from rudder.agent.eval import balanced, load_windows, split_held_out  # noqa: E402
+from rudder.agent.judge import REPLACE_MARGIN  # noqa: E402
+from rudder.config import PrefetchConfig  # noqa: E402
+from rudder.sim.tracegen import random_trace  # noqa: E402
+
+SHIPPED = ROOT / "benchmarks" / "results" / "cf_suite_past" / "heldout-synth-medium.jsonl"
+PC = PrefetchConfig(lookahead=0, window=5, period=6, alpha=0.1, init="random")
+
+
+def _label(judged: dict) -> bool | None:
+    best = max(judged.values())
+    return True if best > REPLACE_MARGIN else False if best <= 0 else None
+
+
+@pytest.fixture(scope="module")
+def windows():
+    out = []
+    for g, seed in (("graph-a", 5), ("graph-b", 6)):
+        t = random_trace(halo=400, minibatches=40, batch=80, capacity=0.25, skew=0.8, epochs=2, seed=seed,
+                         init="random")
+        ctx = suite.trace_context(t, PC, {"dataset": g})
+        out += suite.suite_windows(t, PC, ctx, f"scn-{g}", g, coins=["large_half"], seeds=(0, 1))
+    return out
+
+
+def test_labels_come_from_the_judges_forks_and_too_close_is_left_out(windows):
+    assert windows and {r["label_replace"] for r in windows} == {True, False}
+    for r in windows:
+        assert set(r["judged"]) == {f"{b}_{e}" for b in ("small", "medium", "large") for e in ("stale", "half")}
+        assert _label(r["judged"]) is r["label_replace"]  # never None: too close is not in the suite
+        assert r["best"] == (max(r["judged"], key=r["judged"].get) if r["label_replace"] else None)
+
+
+def test_windows_carry_the_past_counterfactual_and_the_prompts_read_it(windows):
+    for r in windows:
+        w = r["window"]
+        assert "past_keep_fetched" in w and all(f"past_fetched_{k}" in w for k in r["judged"])
+        assert r["recent"] == [] if w["window"] == 0 else len(r["recent"]) >= 1
+    r = next(r for r in windows if r["window"]["window"] > 0)
+    text = ContextBuilder(r["context"], "judge-history-2b").build(r["window"], [], r["recent"]).messages[-1]["content"]
+    assert "a round at this window's start" in text
+
+
+def test_the_build_is_deterministic_and_keeps_repeats_once(windows):
+    t = random_trace(halo=400, minibatches=40, batch=80, capacity=0.25, skew=0.8, epochs=2, seed=5, init="random")
+    again = suite.suite_windows(t, PC, suite.trace_context(t, PC, {"dataset": "graph-a"}), "scn-graph-a", "graph-a",
+                                coins=["large_half"], seeds=(0, 1))
+    assert again == [r for r in windows if r["graph"] == "graph-a"]
+    keys = [json.dumps([r["scenario"], r["window"], r["recent"]], sort_keys=True) for r in windows]
+    assert len(keys) == len(set(keys))
+
+
+def test_balance_and_split_by_graph(windows):
+    bal = balanced(windows, key="scenario", seed=0)
+    for g in ("graph-a", "graph-b"):
+        labs = [r["label_replace"] for r in bal if r["graph"] == g]
+        assert labs and labs.count(True) == labs.count(False)
+    tune, test = split_held_out(bal, ["graph-b"], key="graph")
+    assert {r["graph"] for r in test} == {"graph-b"} and "graph-b" not in {r["graph"] for r in tune}
+    assert not {r["trace_digest"] for r in tune} & {r["trace_digest"] for r in test}
+
+
+def test_baselines_score_the_windows(windows):
+    rows = {r["decider"]: r for r in suite.score_baselines(windows, windows)}
+    assert rows["keep"]["accuracy"] == sum(not r["label_replace"] for r in windows) / len(windows)
+    follow = rows["follow the past counterfactual"]
+    assert 0 <= follow["accuracy"] <= 1 and follow["fallbacks"] == 0
+
+
+def test_the_shipped_held_out_file_is_balanced_judged_and_not_the_pools():
+    recs = load_windows(SHIPPED)
+    assert {r["graph"] for r in recs} == {"synth-medium"} and {r["scenario"] for r in recs} == {"history_cold"}
+    labs = [r["label_replace"] for r in recs]
+    assert labs.count(True) == labs.count(False) > 0
+    pool = [json.loads(x) for x in POOL_FILE.read_text().splitlines() if x.strip()]
+    for r in recs:
+        assert _label(r["judged"]) is r["label_replace"] and "past_keep_fetched" in r["window"]
+        assert r["trace_digest"] != POOL_DIGEST[:12] and r["trace_digest"] not in {e["trace_digest"][:12] for e in pool}
+    assert not suite.pool_overlap(recs)
