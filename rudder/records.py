@@ -238,6 +238,9 @@ class WindowRecord:
     # slots an evict=half round at the next minibatch may take (stale at half the period after
     # that minibatch's decay, if not hit; rudder.prefetch.metrics.buffer_state)
     stale_half: int | None = _extra()
+    # how many sampled-ahead minibatches lookahead_missing counts over: `lookahead`, or under
+    # prefetch.schedule_ahead what of the epoch's rest is sampled so far (it grows in epoch 1)
+    lookahead_minibatches: int | None = _extra()
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

@@ -223,7 +223,7 @@ def test_start_prompt_shows_no_measurements_and_its_grammar_no_trend():
 
 
 def test_schedule_ahead_is_said_as_the_rest_of_the_epoch():
-    """prefetch.schedule_ahead: the prompt says the whole epoch is sampled at its start, not that
+    """prefetch.schedule_ahead: the prompt says each epoch is sampled ahead (the first while it trains), not that
     `lookahead` minibatches are; with lookahead 0 the run still looks ahead (the lookahead
     mechanism, the 'lookahead missing' line). Without schedule_ahead the text is as before."""
     from rudder.agent.decision import resolve_fallback
@@ -236,11 +236,16 @@ def test_schedule_ahead_is_said_as_the_rest_of_the_epoch():
         assert resolve_fallback("auto", c.depth) == "lookahead"
         b = ContextBuilder(c, "reason-first")
         s = b.static_text()
-        assert "all sampled at its start" in s and "rest of the epoch" in s
+        # h19a: the first epoch starts once 1 + lookahead are sampled; later ones sampled during the one before
+        assert f"first epoch's while it trains (it starts once its first {1 + la} are sampled)" in s
+        assert "each later epoch's whole while the epoch before trains" in s and "all sampled at its start" not in s
         assert "next 3 minibatches" not in s and "lookahead off" not in s
         assert "lookahead missing 9,000 nodes" in b.render_window(WINDOW, [0.45])
         j = ContextBuilder(c, "judge").render_window(WINDOW, [0.45])
         assert "sampled ahead: the rest of the epoch lacks 9,000 nodes" in j and "next 3" not in j
+        # the record says how much of the epoch's rest is sampled so far (it grows in the first epoch)
+        j = ContextBuilder(c, "judge").render_window({**WINDOW, "lookahead_minibatches": 12}, [0.45])
+        assert "sampled ahead: the next 12 minibatches (the epoch's rest sampled so far) lack 9,000 nodes" in j
         # the design hash (templates, schema) is the run's, not the depth's: the KV cache holds
         assert b.hash == ContextBuilder(ctx(), "reason-first").hash
     plain = ContextBuilder(ctx(), "reason-first")

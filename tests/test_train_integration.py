@@ -172,6 +172,13 @@ def test_schedule_ahead_with_sampler_processes(tmp_path, data_root):
         assert steps > 3 and [(m["epoch"], m["step"]) for m in mbs] == [
             (e, s) for e in range(3) for s in range(steps)]
         assert all(e["val_acc"] is not None for e in eps)
+        # each window says how much of its epoch's rest was sampled when it closed: at least the
+        # lookahead (what is left of it near the end), never beyond the epoch
+        wins = read_jsonl(res.run_dir / f"windows-r{r}.jsonl")
+        assert wins
+        for w in wins:
+            rest = steps - 1 - w["last_step"] % steps
+            assert min(2, rest) <= w["lookahead_minibatches"] <= rest, (w["last_step"], w["lookahead_minibatches"])
 
 
 def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):

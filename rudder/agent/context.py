@@ -837,9 +837,11 @@ class ContextBuilder:
     def static_text(self) -> str:
         """The run's facts: graph and partition sizes, r/P, batch, minibatches, halo, capacity."""
         c = self.ctx
-        if c.schedule_ahead:  # the whole epoch is sampled at its start, not `lookahead` minibatches
-            la = ("each epoch's minibatches are all sampled at its start, so the rest of the epoch is known ahead "
-                  "(lookahead on: replace = a round every minibatch, planned over the rest of the epoch)")
+        if c.schedule_ahead:  # epochs sampled ahead (rudder.pipeline._sample_share), not `lookahead` minibatches
+            la = ("each epoch's minibatches are sampled ahead: the first epoch's while it trains (it starts once its "
+                  f"first {1 + c.lookahead} are sampled), each later epoch's whole while the epoch before trains, so what "
+                  "of the rest of the epoch is sampled is known ahead (lookahead on: replace = a round every "
+                  "minibatch, planned over the rest of the epoch sampled so far)")
         elif c.lookahead > 0:
             la = f"the next {c.lookahead} minibatches are sampled ahead (lookahead on: replace = a round every minibatch)"
         else:
@@ -968,7 +970,10 @@ class ContextBuilder:
             if line:
                 lines.append(line)
         if c.depth > 0 and sig["missing_share"] is not None:
-            ahead = "the rest of the epoch lacks" if c.schedule_ahead else f"the next {c.lookahead} minibatches lack"
+            ahead = f"the next {c.lookahead} minibatches lack"
+            if c.schedule_ahead:  # how much of the epoch's rest is sampled so far, when the record says
+                n = w.get("lookahead_minibatches")
+                ahead = "the rest of the epoch lacks" if n is None else f"the next {n} minibatches (the epoch's rest sampled so far) lack"
             s = (f"sampled ahead: {ahead} {_num(w.get('lookahead_missing'))} "
                  f"nodes ({_pct(sig['missing_share'], 0)} of capacity)")
             if sig["drift_pt"] is not None:

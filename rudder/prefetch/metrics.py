@@ -54,7 +54,7 @@ class MetricsCollector:
 
 def buffer_state(buf, future: list[torch.Tensor], roll: bool = False) -> dict:
     """Window fields from the buffer: fill, stale slots, and what the known future lacks
-    (`lookahead_missing` halo nodes of the sampled-ahead minibatches not buffered;
+    (`lookahead_missing` halo nodes of the `lookahead_minibatches` sampled ahead not buffered;
     `lookahead_rows`: how many of them one round could admit, at most the capacity; these are
     extra network rows only under admit=any, while an admit=misses round takes them from rows
     the minibatch pulls anyway and adds none).
@@ -71,7 +71,8 @@ def buffer_state(buf, future: list[torch.Tensor], roll: bool = False) -> dict:
            # more decay: at a cold start's first window close (5 minibatches, period 10) no slot
            # is below (1-alpha)^5 yet, but every one not hit since the fill is when the round runs
            "stale_half": buf.stale_count(0.5 * buf.period - 1),
-           "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
+           "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity),
+           "lookahead_minibatches": len(future)}
     if roll:
         out.update(buf.roll_misses())
     return out
