@@ -368,19 +368,3 @@ def test_with_sampler_processes_the_next_epoch_samples_beside_this_one():
         start = log.index(("eval", e, "start"))
         assert log[start + 1] == ("eval", e, "end")
 
-
-def test_a_window_records_how_many_minibatches_its_missing_count_covers():
-    """buffer_state counts the nodes the known future lacks and says over how many minibatches:
-    under schedule_ahead that is what of the epoch's rest is sampled so far (the agent's prompt
-    says so), a number that grows during the first epoch."""
-    from rudder.prefetch.metrics import buffer_state
-    from rudder.records import WindowRecord
-
-    buf = HaloBuffer(torch.arange(10), 4, 0, alpha=0.5, period=2, store_features=False)
-    future = [torch.tensor([1, 2]), torch.tensor([2, 3, 4])]
-    st = buffer_state(buf, future)
-    assert st["lookahead_minibatches"] == 2 and st["lookahead_missing"] == 4
-    assert buffer_state(buf, [])["lookahead_minibatches"] == 0
-    rec = WindowRecord(window=0, first_step=0, last_step=9, minibatches=10, hit_rate=0.0, remote_rows=0,
-                       fetched_rows=0, replaced_rows=0, t_fetch=0.0, t_stall=0.0, t_minibatch=0.0, **st)
-    assert rec.to_dict()["lookahead_minibatches"] == 2
