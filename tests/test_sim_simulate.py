@@ -3,6 +3,7 @@ its run directories, and `rudder sim`."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.policy import Replace
 from rudder.prefetch.step import begin_step, finish_step
-from rudder.records import MINIBATCH_FIELDS, WINDOW_FIELDS, read_jsonl
+from rudder.records import MINIBATCH_FIELDS, WINDOW_FIELDS, WindowRecord, read_jsonl
 from rudder.sim.simulate import expand_grid, load_source, parse_policy, simulate, write_sim_run
 from rudder.sim.trace import Trace, TraceWriter, find_traces
 from rudder.sim.tracegen import random_trace
@@ -152,7 +153,8 @@ def test_records_windows_and_run_dir(tmp_path, trace):
     assert set(MINIBATCH_FIELDS) <= set(recs[0])
     assert all(x["fetched_rows"] == x["misses"] + x["replaced_rows"] for x in recs)
     # the columns, and the extras (stale_half: what the agent's evict=half would free)
-    assert r.windows and set(r.windows[0]) <= set(WINDOW_FIELDS) | {"stale_half"}
+    extras = {f.name for f in fields(WindowRecord)} - set(WINDOW_FIELDS)  # stale_half, lookahead_minibatches
+    assert r.windows and set(r.windows[0]) <= set(WINDOW_FIELDS) | extras
     assert r.windows[0]["buffer_fill"] == trace.capacity
     d = write_sim_run(tmp_path, [r], {"name": "src", "path": "x"})
     meta = json.loads((d / "run.json").read_text())
