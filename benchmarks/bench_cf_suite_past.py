@@ -63,19 +63,14 @@ def suite_windows(trace, pc, ctx: dict, scenario: str, graph: str, coins=COINS, 
     """Labelled windows of `trace` replayed under coin deciders (bench_past_cf.play, coin,
     label_of), too close ones left out, repeats kept once; each window carries its past
     counterfactual (the replay's window record), the 3 windows before it, and the judge's shares."""
-    from bench_past_cf import coin, label_of, play
+    from bench_past_cf import coin, judged_windows
 
     digest = trace.digest()[:12]
     out, seen = [], set()
     for label in coins:
         for seed in seeds:
-            _, wins, _, judged = play(trace, pc, coin(seed, p, label), horizon)
-            by_first = {j["first"]: j for j in judged}
-            for i, w in enumerate(wins):
-                j = by_first.get(int(w["last_step"]) + 1)
-                if j is None:
-                    continue
-                best, lab = label_of(j)
+            _, wins, _, judged = judged_windows(trace, pc, coin(seed, p, label), horizon)
+            for i, w, j, best, lab in judged:
                 if lab == "close":
                     continue
                 w, recent = _signals(w), [_signals(x) for x in wins[max(0, i - 3):i]]

@@ -154,6 +154,19 @@ def label_of(j: dict) -> tuple[str | None, str]:
     return best, "close"
 
 
+def judged_windows(trace, pc, choose, horizon: int):
+    """play() with the judge's forks, each window matched to the fork at its close:
+    (rows, windows, answers, [(i, window, judged, best, label)]) for every judged window."""
+    rows, wins, ans, judged = play(trace, pc, choose, horizon)
+    by_first = {j["first"]: j for j in judged}
+    out = []
+    for i, w in enumerate(wins):
+        j = by_first.get(int(w["last_step"]) + 1)
+        if j is not None:
+            out.append((i, w, j, *label_of(j)))
+    return rows, wins, ans, out
+
+
 WINDOW_DROP = ("t_fetch", "t_stall", "t_minibatch", "lookahead_missing", "lookahead_rows")
 RECENT_KEEP = ("hit_rate", "minibatches", "remote_rows", "fetched_rows")
 
@@ -335,13 +348,8 @@ def main() -> None:
         trace = Trace.load(a.trace)
         out = {"trace": str(a.trace), "digest": trace.digest(), "pool": []}
         for seed in a.seeds:
-            rows, wins, ans, judged = play(trace, pc, coin(seed), a.horizon)
-            by_first = {j["first"]: j for j in judged}
-            for i, w in enumerate(wins):
-                j = by_first.get(int(w["last_step"]) + 1)
-                if j is None:
-                    continue
-                best, lab = label_of(j)
+            rows, wins, ans, judged = judged_windows(trace, pc, coin(seed), a.horizon)
+            for i, w, j, best, lab in judged:
                 out["pool"].append({"seed": seed, "window": w, "recent": wins[max(0, i - 3):i],
                                     "decided": ans[i], "judged": j, "best": best, "label": lab})
             print(f"seed {seed}: {rows:,} rows, labels " + " ".join(

@@ -71,8 +71,9 @@ def buffer_state(buf, future: list[torch.Tensor], roll: bool = False) -> dict:
            # more decay: at a cold start's first window close (5 minibatches, period 10) no slot
            # is below (1-alpha)^5 yet, but every one not hit since the fill is when the round runs
            "stale_half": buf.stale_count(0.5 * buf.period - 1),
-           "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity),
-           "lookahead_minibatches": len(future)}
+           "lookahead_missing": missing, "lookahead_rows": min(missing, buf.capacity)}
+    if future:  # over how many minibatches; absent where nothing is sampled ahead (lookahead off)
+        out["lookahead_minibatches"] = len(future)
     if roll:
         out.update(buf.roll_misses())
     return out
