@@ -367,4 +367,3 @@ def test_with_sampler_processes_the_next_epoch_samples_beside_this_one():
     for e in range(3):
         start = log.index(("eval", e, "start"))
         assert log[start + 1] == ("eval", e, "end")
-

@@ -970,10 +970,13 @@ class ContextBuilder:
             if line:
                 lines.append(line)
         if c.depth > 0 and sig["missing_share"] is not None:
-            ahead = f"the next {c.lookahead} minibatches lack"
-            if c.schedule_ahead:  # how much of the epoch's rest is sampled so far, when the record says
-                n = w.get("lookahead_minibatches")
-                ahead = "the rest of the epoch lacks" if n is None else f"the next {n} minibatches (the epoch's rest sampled so far) lack"
+            n = w.get("lookahead_minibatches")  # schedule_ahead: how much of the epoch's rest is sampled so far
+            if not c.schedule_ahead:
+                ahead = f"the next {c.lookahead} minibatches lack"
+            elif n is None:
+                ahead = "the rest of the epoch lacks"
+            else:
+                ahead = f"the next {n} minibatches (the epoch's rest sampled so far) lack"
             s = (f"sampled ahead: {ahead} {_num(w.get('lookahead_missing'))} "
                  f"nodes ({_pct(sig['missing_share'], 0)} of capacity)")
             if sig["drift_pt"] is not None:
