@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -65,6 +65,18 @@ class TrainConfig(Strict):
     # DistDGL sampler processes per trainer (DGL_NUM_SAMPLER): they sample the next minibatches
     # while the trainer's loader pulls features; 0 = sampling in the loader thread, before the pull
     samplers: int = Field(0, ge=0)
+    # The features-free bound, measured: no remote row is pulled or buffered (each is a copy of a
+    # local row), while sampling (the policy's sample-ahead schedule, the samplers), compute and the
+    # host's contention stay the run's own. Its epoch time is what the run would take if remote
+    # features were free; accuracy means nothing. Stored as policy `free` (rudder.bounds).
+    features_free: bool = False
+
+    @model_validator(mode="after")
+    def _free_is_unchecked(self):
+        if self.features_free and self.check_features:
+            raise ValueError("train.features_free replaces remote rows with local ones: "
+                             "check_features (--check) would flag every one; use one or the other")
+        return self
 
     @field_validator("fanouts", mode="before")
     @classmethod
@@ -86,6 +98,15 @@ class TrainConfig(Strict):
 POLICY_NAMES = ("none", "static", "fixed", "lookahead", "agent", "classifier", "collect", "rule")
 # Policies whose runs sample minibatches ahead (prefetch.lookahead deep) for the lookahead round.
 LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier", "collect", "rule")
+
+
+def stored_policy(config: dict) -> str | None:
+    """The policy a run is stored and summarised under: `free` for a train.features_free run (it
+    measures the bound of its policy's sampling; it is neither that policy nor `none`), else
+    prefetch.policy. `config`: a RunConfig as a dict (run.json's)."""
+    if ((config.get("train") or {}).get("features_free")):
+        return "free"
+    return (config.get("prefetch") or {}).get("policy")
 
 
 def check_policy_name(name: str) -> None:

@@ -28,12 +28,13 @@ def summarize_run(run_dir: str | Path) -> dict:
     mean epoch time (slowest rank) and its compute-only and pipeline bounds (rudder.bounds),
     decisions, feature check."""
     from rudder.bounds import run_bounds
+    from rudder.config import stored_policy
     from rudder.sim.oracle import belady
     from rudder.trace import Trace, find_traces
 
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
-    policy = ((run.get("config") or {}).get("prefetch") or {}).get("policy", "?")
+    policy = stored_policy(run.get("config") or {}) or "?"  # `free`: train.features_free
     mbs_by_rank, epochs_by_rank = _by_rank(run_dir, "minibatches"), _by_rank(run_dir, "epochs")
     mbs = [m for v in mbs_by_rank.values() for m in v]
     epochs = [e for v in epochs_by_rank.values() for e in v]
@@ -46,7 +47,7 @@ def summarize_run(run_dir: str | Path) -> dict:
     if traces:  # `none` pulls every remote access of the trace; Belady with the run's capacity
         loaded = [Trace.load(p) for p in traces.values()]
         out["none_rows"] = sum(t.num_accesses for t in loaded)
-        buffered = policy != "none"  # `none` has no buffer: no optimum to set it beside
+        buffered = policy not in ("none", "free")  # no buffer: no optimum to set it beside
         out["belady_hits"] = sum(belady(t).total_hits for t in loaded) if buffered else 0
         out["belady_all_hits"] = (sum(belady(t, universe="all").total_hits for t in loaded)
                                   if buffered else 0)
@@ -87,6 +88,9 @@ def format_summary(s: dict) -> str:
         + (f"; Belady on the same traces: {s['belady_hits']:,} "
            f"(run/optimal {s['hits'] / s['belady_hits']:.3f})" if s.get("belady_hits") else ""),
     ]
+    if base == "free":  # nothing pulled or buffered: the lines above read 0
+        lines = ["features free  no remote row pulled (train.features_free): the epoch time below "
+                 "is the features-free bound of this sampling, measured; accuracy means nothing"]
     if s.get("belady_all_hits"):
         lines.append(f"Belady         halo only {s.get('belady_hits', 0):,} hits, all remote nodes "
                      f"{s['belady_all_hits']:,} (same capacity; run/all remote "

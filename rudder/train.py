@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from rudder.pipeline import MinibatchPipeline
     from rudder.prefetch.metrics import MetricsCollector
     from rudder.prefetch.labels import SeedLabels
-    from rudder.prefetch.policies import make_policy, policy_extras
+    from rudder.prefetch.policies import NoBufferPolicy, make_policy, policy_extras
     from rudder.records import EpochTotals, read_run
     from rudder.device import DeviceError, synchronize
 
@@ -52,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     part = join_cluster(run["part_config"], tc.seed)
     # the features in dataset.feature_dtype (bfloat16: stored as int16 bits, viewed back)
     part.feat = served_features(part.feat, cfg.dataset.feature_dtype)
-    policy = make_policy(pc, **policy_extras(cfg))
-    feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device)
+    # features_free: no buffer and no policy, but the policy's sampling schedule (sample_ahead,
+    # schedule_ahead below read prefetch.policy): the bound of a run with that policy
+    policy = NoBufferPolicy() if tc.features_free else make_policy(pc, **policy_extras(cfg))
+    feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device,
+                               free_remote=tc.features_free)
     # schedule_ahead samples epoch e+1 while e trains (with samplers > 0 it collects what the
     # sampler processes sampled meanwhile); all of e+1 before e ends: DGL's sampler pool has no
     # locking and evaluation, in this thread, shares it
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.run_dir / f"context-r{part.rank}.json").write_text(json.dumps(ctx.__dict__, default=str))
     log.info("rank %d/%d part %d: %d train seeds, %d steps/epoch, halo %d, capacity %d, policy %s",
              part.rank, part.world, part.part_id, part.train_nids.numel(), steps_per_epoch,
-             part.halo.numel(), fill.capacity, pc.policy)
+             part.halo.numel(), fill.capacity,
+             f"{pc.policy}'s sampling, features free (no remote row pulled)" if tc.features_free else pc.policy)
 
     fault = Fault.from_env()
     checked = FeatureCheck(check)
@@ -241,8 +245,9 @@ class InitialFill:
     seconds: float = 0.0
 
 
-def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
-    """The halo buffer, filled (for policies that use one), behind BufferedFeatures."""
+def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device, free_remote: bool = False):
+    """The halo buffer, filled (for policies that use one), behind BufferedFeatures
+    (free_remote: train.features_free, no buffer)."""
     from rudder.prefetch.buffer import HaloBuffer, choose_initial
     from rudder.prefetch.features import BufferedFeatures
 
@@ -264,7 +269,8 @@ def feature_path(part: Partition, pc, with_buffer: bool, seed: int, device):
         fill.rows = int(init_ids.numel())
     owner_of = lambda ids: part.pb.nid2partid(ids)  # noqa: E731
     feats = BufferedFeatures(feat, owner_of, part.part_id, buffer,
-                             local_id=int(part.local_ids[part.inner][0]), device=device)
+                             local_id=int(part.local_ids[part.inner][0]), device=device,
+                             free_remote=free_remote)
     return feats, fill
 
 

@@ -30,6 +30,7 @@ def test_defaults_and_overrides(tmp_path):
     ("cluster: {machines: 0}\n", "cluster.machines"),
     ("prefetch: {policy: classifier}\n", "classifier:<name>"),
     ("train: [1, 2\n", "malformed YAML"),
+    ("train: {features_free: true, check_features: true}\n", "check_features (--check)"),
     ("- a\n- b\n", "top level must be a mapping"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, needle):

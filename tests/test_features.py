@@ -73,6 +73,24 @@ def test_no_buffer_is_one_plain_pull():
     assert (st.remote_rows, st.local_rows, st.fetched_rows, st.hits) == (2, 2, 2, 0)
 
 
+def test_features_free_pulls_no_remote_row():
+    """train.features_free: local rows are the partition's own, every remote row is the local
+    row `local_id` (one pull that names no remote id), and nothing counts as fetched."""
+    table = CountingTable(torch.randn(50, 4))
+    feats = BufferedFeatures(table, lambda ids: (ids >= 25).long(), 0, None, local_id=5, free_remote=True)
+    ids = torch.tensor([3, 30, 40, 1, 26])
+    x, st = feats.fetch(ids)
+    assert len(table.pulls) == 1 and bool((table.pulls[-1] < 25).all())
+    local = ids < 25
+    assert torch.equal(x[local], table.table[ids[local]])
+    assert torch.equal(x[~local], table.table[5].expand(3, 4))
+    assert (st.remote_rows, st.local_rows, st.fetched_rows, st.misses, st.hits, st.fetched_bytes) == (3, 2, 0, 0, 0, 0)
+    assert torch.equal(ids, torch.tensor([3, 30, 40, 1, 26]))  # the caller's ids untouched
+    with pytest.raises(ValueError, match="no buffer"):
+        BufferedFeatures(table, lambda ids: (ids >= 25).long(), 0, HaloBuffer(torch.arange(25, 35), 4, 4),
+                         local_id=5, free_remote=True)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_no_buffer_output_on_the_device(device):
     table = CountingTable(torch.randn(50, 4))

@@ -202,6 +202,22 @@ def test_run_with_only_run_json(tmp_path):
     assert c["runs"] == 1 and c["minibatches"] == 0
 
 
+def test_a_features_free_run_is_stored_as_policy_free(tmp_path):
+    """train.features_free measures a bound: stored as `free`, never as its policy or as the
+    `none` baseline the ratio queries join on."""
+    root = tmp_path / "runs"
+    for run_id, free in (("look", False), ("look-free", True)):
+        d = write_synthetic_run(root, run_id, machines=2, policy="lookahead", epochs=1, steps=4)
+        run = json.loads((d / "run.json").read_text())
+        run["config"]["train"]["features_free"] = free
+        (d / "run.json").write_text(json.dumps(run))
+    with ResultsStore(tmp_path / "r.duckdb") as st:
+        for d in sorted(root.iterdir()):
+            st.ingest_run(d)
+        got = dict(st.con.execute("SELECT run_id, policy FROM runs").fetchall())
+    assert got == {"look": "lookahead", "look-free": "free"}
+
+
 def test_unreadable_run_is_reported_not_fatal(tmp_path, runs):
     root, _ = runs
     bad = root / "broken"

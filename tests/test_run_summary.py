@@ -73,3 +73,16 @@ def test_summary_shows_the_bounds_from_the_records(tmp_path):
     assert s["bounds"]["epoch_over_pipeline"] == s["epoch_s"] / b.pipeline_s
     assert (f"bounds         pipeline {b.pipeline_s:.2f} s (epoch {s['epoch_s'] / b.pipeline_s:.2f}x), "
             f"compute-only {b.compute_s:.2f} s") in format_summary(s)
+
+
+def test_a_features_free_run_is_summarised_as_the_measured_bound(tmp_path):
+    t = random_trace(halo=200, minibatches=20, batch=60, capacity=0.2, epochs=1, seed=5)
+    d = write_sim_run(tmp_path, [simulate(t, "none")], {"name": "src", "path": "x"})
+    t.save(d / "trace-r0.npz")
+    run = json.loads((d / "run.json").read_text())
+    run["config"].setdefault("train", {})["features_free"] = True
+    (d / "run.json").write_text(json.dumps(run))
+    s = summarize_run(d)
+    assert s["policy"] == "free" and s["belady_hits"] == 0  # no buffer: no optimum beside it
+    text = format_summary(s)
+    assert text.startswith("features free  no remote row pulled") and "rows fetched" not in text

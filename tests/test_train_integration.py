@@ -182,6 +182,27 @@ def test_schedule_ahead_with_sampler_processes(tmp_path, data_root):
             assert min(2, rest) <= n <= rest, (w["last_step"], n)
 
 
+def test_features_free_run_pulls_no_remote_row(tmp_path, data_root):
+    """train.features_free (the measured features-free bound) under lookahead's schedule with a
+    sampler process: it trains, samples what a real run samples (remote rows counted, traced),
+    pulls none of them, and is summarised and bounded as policy `free`."""
+    from rudder.run_summary import summarize_run
+
+    cfg = make_cfg(tmp_path, data_root, 2, "lookahead", epochs=2, samplers=1, schedule_ahead=True,
+                   lookahead=2)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"features_free": True})})
+    res = execute_run(cfg)
+    assert res.ok, res.reason
+    assert_honest_timing(res.run_dir, 2, sampled_before=True)
+    for r in range(2):
+        mbs = read_jsonl(res.run_dir / f"minibatches-r{r}.jsonl")
+        assert mbs and sum(m["remote_rows"] for m in mbs) > 0
+        assert all(m["fetched_rows"] == 0 and m["hits"] == 0 for m in mbs)
+        assert (res.run_dir / f"trace-r{r}.npz").exists()
+    s = summarize_run(res.run_dir)
+    assert s["policy"] == "free" and s["fetched_rows"] == 0 and s["bounds"]["pipeline_s"] > 0
+
+
 def test_trainer_death_ends_run_cleanly(tmp_path, data_root, monkeypatch):
     """Also with DistDGL sampler processes: an os._exit of the trainer skips DGL's pool close
     (its samplers would poll on), and the teardown's kill of each machine's process group must

@@ -39,6 +39,7 @@ class BufferedFeatures:
         buffer: HaloBuffer | None,
         local_id: int,  # any node this partition owns: pulled in place of a buffer hit
         device: torch.device | str | None = None,  # where rows are assembled (default: the buffer's)
+        free_remote: bool = False,  # train.features_free: remote rows are local ones, nothing pulled
     ):
         if device is None:
             device = buffer.device if buffer is not None else "cpu"
@@ -58,6 +59,9 @@ class BufferedFeatures:
         self.part_id = part_id
         self.buffer = buffer
         self.local_id = int(local_id)
+        if free_remote and buffer is not None:
+            raise ValueError("free_remote pulls no remote row: it has no buffer to fill")
+        self.free_remote = free_remote
         self.row_bytes = int(dist_feat.shape[1]) * torch.empty(0, dtype=dist_feat.dtype).element_size()
 
     def __getitem__(self, input_nodes: torch.Tensor) -> torch.Tensor:
@@ -81,11 +85,12 @@ class BufferedFeatures:
         remote_idx = torch.nonzero(self.owner_of(input_nodes) != self.part_id).flatten()
         st.remote_rows = int(remote_idx.numel())
         st.local_rows = st.input_rows - st.remote_rows
-        if self.buffer is None:  # plain DistDGL
+        if self.buffer is None:  # plain DistDGL, or (free_remote) the features-free bound
+            ids = input_nodes.clone().index_fill_(0, remote_idx, self.local_id) if self.free_remote else input_nodes
             t1 = time.perf_counter()
-            out = self._to_device(self.dist_feat[input_nodes])
+            out = self._to_device(self.dist_feat[ids])
             st.t_fetch = time.perf_counter() - t1
-            st.misses = st.fetched_rows = st.remote_rows
+            st.misses = st.fetched_rows = 0 if self.free_remote else st.remote_rows
             st.fetched_bytes = st.fetched_rows * self.row_bytes
             return out, st
 

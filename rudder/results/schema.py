@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rudder.config import stored_policy
 from rudder.records import RECORDS, column_kinds
 
 # v2: decisions.outcome_hit_rate/outcome_remote_rows are directions (VARCHAR), the numbers are
@@ -118,6 +119,7 @@ def dig(d: Any, path: tuple[str, ...]) -> Any:
 
 def flatten_config(config: dict) -> dict[str, Any]:
     out = {name: dig(config, path) for name, _, path in CONFIG_COLUMNS}
+    out["policy"] = stored_policy(config)  # `free`: a features-free run, never a baseline
     # `model` is the decision model: the agent's LLM, or a classifier's name. Every config
     # carries agent.model.name (a default), so for other policies it would only mislead.
     policy = out.get("policy") or ""
