@@ -39,9 +39,10 @@ def run_once(args, free: bool, tag: str) -> dict:
     s = summarize_run(res.run_dir)
     b = s["bounds"]
     eps = read_jsonl(res.run_dir / "epochs-r0.jsonl")
+    per_epoch = [e["t_epoch_max"] for e in eps]  # the slowest rank's, as every rank records it
     return {"run": tag, "free": free, "load": load, "wall_s": time.time() - t0, "epoch_s": s["epoch_s"],
             "pipeline_s": b["pipeline_s"], "compute_s": b["compute_s"],
-            "per_epoch": [p["epoch_s"] for p in b["per_epoch"]],
+            "per_epoch": per_epoch,
             "rows_over_remote": s["fetched_rows"] / max(s["remote_rows"], 1),
             "val_acc": eps[-1].get("val_acc"), "run_dir": str(res.run_dir)}
 
