@@ -157,6 +157,41 @@ def test_lookahead_demand_admission_pulls_no_extra_row():
         buf.plan_lookahead(future, None, None, admit="bogus")
 
 
+@pytest.mark.parametrize("jit", [True, False])
+def test_lookahead_fills_empty_slots_with_misses_of_no_known_reuse(jit, monkeypatch):
+    """Empty slots take this minibatch's misses even when the window shows no reuse (Belady's
+    round alone leaves them empty): no extra row, no eviction, within the round's budget; a
+    full buffer gains nothing from it, and the filled slots give way to a known reuse later."""
+    from rudder.prefetch import jit as kernels
+
+    monkeypatch.setenv("RUDDER_NO_JIT", "0" if jit else "1")
+    kernels.refresh()
+    monkeypatch.setattr(kernels, "_loaded", {})  # the next test reads its own environment
+    assert (kernels.kernels() is not None) == jit
+    buf = HaloBuffer(torch.arange(100, 120), 6, 0, store_features=False)
+    buf.fill(torch.tensor([100]))
+    future = [torch.tensor([100, 111])]  # 111 is a miss now and used next; 112-115 never again
+    step = begin_step(buf, torch.tensor([111, 112, 113, 114, 115]), Replace("lookahead", 3), future)
+    finish_step(buf, step)
+    assert step.extra_ids.numel() == 0 and step.newcomers.numel() == 3  # the budget: 3 rows
+    assert step.newcomers[0].item() == 111  # the round's own pick first, then the fill
+    assert sorted(buf.contents().tolist()) == [100, 111, 112, 113]
+    assert set(step.victims.tolist()) <= {1, 2, 3, 4, 5}  # empty slots only: nothing evicted
+    buf.verify()
+    # the rest of the empty slots fill at the next miss; then the buffer is full
+    step = begin_step(buf, torch.tensor([114, 115, 116]), Replace("lookahead", None), [torch.tensor([100])])
+    finish_step(buf, step)
+    assert buf.size == 6 and sorted(buf.contents().tolist()) == [100, 111, 112, 113, 114, 115]
+    step = begin_step(buf, torch.tensor([116, 117]), Replace("lookahead", None), [torch.tensor([100])])
+    assert step.newcomers.numel() == 0  # full, and no miss is used again in the window
+    finish_step(buf, step)
+    # a miss used next takes the slot of a filled node the window does not use
+    step = begin_step(buf, torch.tensor([118]), Replace("lookahead", None), [torch.tensor([118, 100])])
+    finish_step(buf, step)
+    assert step.newcomers.tolist() == [118] and 100 in buf.contents().tolist() and buf.size == 6
+    buf.verify()
+
+
 def test_lookahead_never_swaps_for_a_later_use():
     buf = HaloBuffer(torch.arange(10), 1, 0, store_features=False)
     buf.fill(torch.tensor([0]))

@@ -439,6 +439,40 @@ class HaloBuffer:
         rows); free nodes still win ties there."""
         if admit not in ("misses", "any"):
             raise ValueError(f"unknown admit mode {admit!r}; valid: misses, any")
+        victims, pos = self._lookahead_round(future, max_rows, free_pos, admit)
+        if free_pos is not None and free_pos.numel():
+            victims, pos = self._fill_empty(victims, pos, free_pos, max_rows)
+        if not victims.numel():
+            return _EMPTY, _EMPTY
+        return victims, self._newcomers(pos)
+
+    def _fill_empty(self, victims: torch.Tensor, pos: torch.Tensor, free_pos: torch.Tensor,
+                    max_rows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Empty slots the round left take this minibatch's misses it left out (pulled anyway:
+        no extra row, no eviction), within the round's row budget. Belady's rule admits only
+        nodes used again in the window, but a miss with no known reuse may be used beyond it
+        (the next epoch), and an empty slot holds nothing to lose: in the window these slots
+        rank as victims like empty ones (no known next use), so no hit there is given up."""
+        room = (max_rows if max_rows is not None else 1 << 62) - victims.numel()
+        slot_pos = self.slot_pos.numpy()
+        if room <= 0 or bool((slot_pos >= 0).all()):
+            return victims, pos
+        empty = slot_pos < 0
+        empty[victims.numpy()] = False  # the round fills these
+        empty = np.flatnonzero(empty)
+        fp = free_pos.numpy()
+        left = fp[self.slot_of.numpy()[fp] < 0]
+        if pos.numel():
+            left = left[~np.isin(left, pos.numpy())]
+        n = min(room, empty.size, left.size)
+        if n == 0:
+            return victims, pos
+        return (torch.cat([victims, torch.from_numpy(empty[:n])]),
+                torch.cat([pos, torch.from_numpy(np.ascontiguousarray(left[:n]))]))
+
+    def _lookahead_round(self, future: list[torch.Tensor], max_rows: int | None,
+                         free_pos: torch.Tensor | None, admit: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """plan_lookahead's Belady round: (victim slots, newcomers' halo positions)."""
         H = self.halo.numel()
         if H == 0 or self.capacity == 0 or not future:
             return _EMPTY, _EMPTY
@@ -460,7 +494,7 @@ class HaloBuffer:
                     admit == "any", max_rows if max_rows is not None else 1 << 62)
                 if not victims.size:
                     return _EMPTY, _EMPTY
-                return torch.from_numpy(victims), self._newcomers(torch.from_numpy(cand))
+                return torch.from_numpy(victims), torch.from_numpy(cand)
             next_use_of, freq_of = nu.next_use_np, nu.freq_np
         else:
             nu = None
@@ -513,7 +547,7 @@ class HaloBuffer:
         victims = torch.topk(torch.from_numpy(vkey), n, largest=True, sorted=True).indices
         ok = cand_next < vnext[victims.numpy()]
         k = int(ok.sum())  # a prefix (cand next-use ascending, victim next-use descending)
-        return victims[:k], self._newcomers(torch.from_numpy(cand[:k]))
+        return victims[:k], torch.from_numpy(cand[:k])
 
     # ---- mutation -------------------------------------------------------------------------
     def fill(self, ids: torch.Tensor, feats: torch.Tensor | None = None) -> None:
