@@ -68,7 +68,7 @@ class TrainConfig(Strict):
     # The features-free bound, measured: no remote row is pulled or buffered (each is a copy of a
     # local row), while sampling (the policy's sample-ahead schedule, the samplers), compute and the
     # host's contention stay the run's own. Its epoch time is what the run would take if remote
-    # features were free; accuracy means nothing. Stored as policy `free` (rudder.bounds).
+    # features were free; accuracy means nothing. Stored as policy `free` (stored_policy below).
     features_free: bool = False
 
     @model_validator(mode="after")
