@@ -79,7 +79,7 @@ def main() -> None:
                       f"real's pipeline bound / free's epoch {real['pipeline_s'] / free['epoch_s']:.2f}")
         print(ratios[-1], flush=True)
     text = "\n".join(lines + [""] + ratios) + "\n"
-    print(text)
+    print("\n" + text)  # the whole table once more, to paste
     if a.out:
         a.out.write_text(text)
 

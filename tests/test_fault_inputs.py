@@ -261,6 +261,9 @@ def test_agent_policy_falls_back_records_dropped_windows_and_closes_fast(trickle
     recs = pol.decisions()
     dropped = [r for r in recs if r["reason"].startswith("dropped")]
     assert sorted(r["window"] for r in dropped) == [1, 2]
+    # each its own number (the store keys decisions by run, rank, decision): -1, -2, apart from asked ones
+    assert sorted(r["decision"] for r in dropped) == [-2, -1]
+    assert all(r["decision"] > 0 for r in recs if r not in dropped)
     assert any("cancelled" in r["reason"] for r in recs), recs
 
 

@@ -252,8 +252,8 @@ class LLMDecider(Decider):
                 try:
                     dropped = self._inbox.get_nowait()
                     self.dropped_windows += 1
-                    self.steer.finish(self._record(Decision(
-                        decision=0, window=dropped.raw.get("window"), model=self.agent_cfg.model.name,
+                    self.steer.finish(self._record(Decision(  # -1, -2, ...: a key of its own in the store
+                        decision=-self.dropped_windows, window=dropped.raw.get("window"), model=self.agent_cfg.model.name,
                         backend=self.agent_cfg.backend, fallback=self.agent_cfg.fallback,
                         reason="dropped: the agent was still busy with an earlier window")))
                 except queue.Empty:
@@ -387,8 +387,8 @@ class LLMDecider(Decider):
             if newer is None:
                 return None
             self.dropped_windows += 1
-            self.steer.finish(self._record(Decision(
-                decision=0, window=point.raw.get("window"), model=self.agent_cfg.model.name,
+            self.steer.finish(self._record(Decision(  # -1, -2, ...: a key of its own in the store
+                decision=-self.dropped_windows, window=point.raw.get("window"), model=self.agent_cfg.model.name,
                 backend=self.agent_cfg.backend, fallback=self.agent_cfg.fallback,
                 reason="dropped: a newer window closed before the agent asked")))
             point = newer
