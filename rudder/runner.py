@@ -76,10 +76,11 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
 
     import rudder
 
+    if check and cfg.train.features_free:  # (the config itself refuses check_features with it)
+        raise ValueError("--check compares every row with a direct pull, and train.features_free "
+                         "replaces remote rows with local ones: use one or the other")
     if check and not cfg.train.check_features:  # run.json then records what the run did
-        # validated anew: the train section refuses --check with features_free, naming both
-        cfg = cfg.model_copy(update={"train": type(cfg.train).model_validate(
-            {**cfg.train.model_dump(), "check_features": True})})
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"check_features": True})})
     run_id = check_name(run_id, "run id") if run_id is not None else new_run_id(cfg)
     run_dir = Path(cfg.runs_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)

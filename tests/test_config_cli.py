@@ -58,6 +58,15 @@ def test_cli_bad_config_is_one_clear_line(tmp_path):
     assert "unknown policy 'lru'" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_check_with_features_free_is_one_clear_line_and_starts_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "rudder.cli", "run", "--set", "train.features_free=true",
+                        "--set", f"runs_dir={runs}", "--check"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--check" in r.stderr and "train.features_free" in r.stderr
+    assert not runs.exists()
+
+
 def test_doctor_reports_each_capability():
     """Each line's state is the one this machine must have: the pinned packages and the shipped
     model always work; root, namespaces and Slurm as the machine says; the study model once
