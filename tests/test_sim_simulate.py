@@ -241,3 +241,20 @@ def test_replay_with_the_remote_universe_keeps_two_hop_ids(max_nodes):
     assert s["remote_rows"] == halo.summary()["remote_rows"]
     # the hot 2-hop ids are kept and hit: more hits than a halo-only buffer of the same rows
     assert s["hits"] > halo.summary()["hits"] + 20 * hot.size
+
+
+def test_a_remote_universe_replay_may_hold_more_rows_than_the_halo():
+    """capacity beyond the halo: refused for a halo-universe policy (naming why), replayed for a
+    buffer over every remote id (as a live run with prefetch.capacity_rows above the halo), where
+    the empty slots take misses and so the replay fetches no more rows than at the halo's size."""
+    from rudder.config import PrefetchConfig
+    from rudder.sim.simulate import PolicySpec
+
+    tr = random_trace(halo=200, minibatches=40, batch=100, nonhalo=0.5, capacity=0.25, epochs=2, seed=2)
+    with pytest.raises(ValueError, match="beyond it only a buffer policy with prefetch.universe: remote"):
+        simulate(tr, "lookahead", capacity=300)
+    spec = lambda: PolicySpec("lookahead:epoch", "lookahead", PrefetchConfig(  # noqa: E731
+        policy="lookahead", universe="remote", universe_max_nodes=1000, schedule_ahead=True))
+    big = simulate(tr, spec(), capacity=600, verify=True).summary()
+    at_halo = simulate(tr, spec(), capacity=200, verify=True).summary()
+    assert big["fetched_rows"] < at_halo["fetched_rows"]

@@ -273,8 +273,12 @@ def simulate(
     if extra:
         spec.extra = {**spec.extra, **extra}
     C = trace.capacity if capacity is None else int(capacity)
-    if not 0 <= C <= trace.num_halo:
-        raise ValueError(f"capacity {C} must be in [0, {trace.num_halo}] (the halo size)")
+    # a buffer whose universe is every remote id may hold more than the halo (up to its index's
+    # max_nodes, which the buffer checks); every other policy's universe is the halo
+    remote = spec.base in buffer_policies() and getattr(spec.prefetch, "universe", "halo") == "remote"
+    if C < 0 or (C > trace.num_halo and not remote):
+        raise ValueError(f"capacity {C} must be in [0, {trace.num_halo}] (the halo size; beyond it "
+                         "only a buffer policy with prefetch.universe: remote)")
     if start not in ("init", "empty"):
         raise ValueError(f"unknown start {start!r}; valid: init, empty")
     init = trace.init_positions()[:C] if start == "init" else np.zeros(0, dtype=np.int64)
