@@ -43,6 +43,15 @@ class DatasetConfig(Strict):
         return check_name(v, "dataset name")
 
 
+def refuse_check_of_free(features_free: bool, check: bool) -> None:
+    """train.features_free with check_features (or `rudder run --check`, which sets it): one rule,
+    one message, for the config and the runner."""
+    if features_free and check:
+        raise ValueError("train.features_free replaces remote rows with local ones: check_features "
+                         "(--check) compares every row with a direct pull and would flag every one; "
+                         "use one or the other")
+
+
 class TrainConfig(Strict):
     # Neighbours sampled per node, one entry per layer in DGL's order: the LAST entry is hop 1
     # (neighbours of each seed), the first is the farthest hop. [10, 25] = 25 per seed, then 10
@@ -73,9 +82,7 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _free_is_unchecked(self):
-        if self.features_free and self.check_features:
-            raise ValueError("train.features_free replaces remote rows with local ones: "
-                             "check_features (--check) would flag every one; use one or the other")
+        refuse_check_of_free(self.features_free, self.check_features)
         return self
 
     @field_validator("fanouts", mode="before")

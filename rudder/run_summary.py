@@ -80,17 +80,18 @@ def _pct(a: int, b: int) -> str:
 def format_summary(s: dict) -> str:
     base = s["policy"].split(":", 1)[0]
     none_rows = s.get("none_rows", s["remote_rows"])
-    lines = [
-        f"rows fetched   {s['fetched_rows']:,} = {_pct(s['fetched_rows'], none_rows)} of the "
-        f"{none_rows:,} remote rows `none` pulls"
-        + (f" (+ {s['initial_fill_rows']:,} initial fill)" if s["initial_fill_rows"] else ""),
-        f"buffer hits    {s['hits']:,} ({_pct(s['hits'], s['remote_rows'])} of remote rows)"
-        + (f"; Belady on the same traces: {s['belady_hits']:,} "
-           f"(run/optimal {s['hits'] / s['belady_hits']:.3f})" if s.get("belady_hits") else ""),
-    ]
-    if base == "free":  # nothing pulled or buffered: the lines above read 0
+    if base == "free":  # nothing pulled or buffered: rows and hits would read 0
         lines = ["features free  no remote row pulled (train.features_free): the epoch time below "
                  "is the features-free bound of this sampling, measured; accuracy means nothing"]
+    else:
+        lines = [
+            f"rows fetched   {s['fetched_rows']:,} = {_pct(s['fetched_rows'], none_rows)} of the "
+            f"{none_rows:,} remote rows `none` pulls"
+            + (f" (+ {s['initial_fill_rows']:,} initial fill)" if s["initial_fill_rows"] else ""),
+            f"buffer hits    {s['hits']:,} ({_pct(s['hits'], s['remote_rows'])} of remote rows)"
+            + (f"; Belady on the same traces: {s['belady_hits']:,} "
+               f"(run/optimal {s['hits'] / s['belady_hits']:.3f})" if s.get("belady_hits") else ""),
+        ]
     if s.get("belady_all_hits"):
         lines.append(f"Belady         halo only {s.get('belady_hits', 0):,} hits, all remote nodes "
                      f"{s['belady_all_hits']:,} (same capacity; run/all remote "

@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rudder.cluster.attempts import live_owner, owner_info, reconcile_run, set_aside_attempt  # noqa: F401 (re-exported)
-from rudder.config import ConfigError, RunConfig, check_name
+from rudder.config import ConfigError, RunConfig, check_name, refuse_check_of_free
 from rudder.records import host_info, read_jsonl, update_run_json, versions
 
 log = logging.getLogger("rudder.run")
@@ -76,9 +76,7 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
 
     import rudder
 
-    if check and cfg.train.features_free:  # (the config itself refuses check_features with it)
-        raise ValueError("--check compares every row with a direct pull, and train.features_free "
-                         "replaces remote rows with local ones: use one or the other")
+    refuse_check_of_free(cfg.train.features_free, check)  # model_copy below would not validate
     if check and not cfg.train.check_features:  # run.json then records what the run did
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"check_features": True})})
     run_id = check_name(run_id, "run id") if run_id is not None else new_run_id(cfg)

@@ -454,10 +454,9 @@ class HaloBuffer:
         (the next epoch), and an empty slot holds nothing to lose: in the window these slots
         rank as victims like empty ones (no known next use), so no hit there is given up."""
         room = (max_rows if max_rows is not None else 1 << 62) - victims.numel()
-        slot_pos = self.slot_pos.numpy()
-        if room <= 0 or bool((slot_pos >= 0).all()):
+        empty = self.slot_pos.numpy() < 0
+        if room <= 0 or not empty.any():
             return victims, pos
-        empty = slot_pos < 0
         empty[victims.numpy()] = False  # the round fills these
         empty = np.flatnonzero(empty)
         fp = free_pos.numpy()
