@@ -13,10 +13,15 @@ time is their wall time on shared cores, which can lift it past what a free run 
 
 Round r runs real then free for odd r, free then real for even r. Prints one Markdown row per run
 (mean epoch over the run's epochs, slowest rank) and per round the ratios; --out also writes them.
+Where the cores went, per run: the trainers' own CPU per epoch (their records' `cpu_s`) and the
+whole run's CPU per role, user + sys and sys alone (the machine supervisors' status files: each
+child's as it was reaped, a trainer with its sampler processes): what the pulls cost beside the
+features-free twin on shared cores.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -40,11 +45,32 @@ def run_once(args, free: bool, tag: str) -> dict:
     b = s["bounds"]
     eps = read_jsonl(res.run_dir / "epochs-r0.jsonl")
     per_epoch = [e["t_epoch_max"] for e in eps]  # the slowest rank's, as every rank records it
+    # the trainers' own CPU (every rank's process, its threads), per epoch: where the cores went
+    cpu = [e.get("cpu_s") for p in sorted(res.run_dir.glob("epochs-r*.jsonl")) for e in read_jsonl(p)]
+    cpu_s = sum(cpu) / len(eps) if cpu and None not in cpu else float("nan")
+    run_cpu = role_cpu(res.run_dir)
     return {"run": tag, "free": free, "load": load, "wall_s": time.time() - t0, "epoch_s": s["epoch_s"],
             "pipeline_s": b["pipeline_s"], "compute_s": b["compute_s"],
-            "per_epoch": per_epoch,
+            "per_epoch": per_epoch, "cpu_s": cpu_s, "run_cpu": run_cpu,
             "rows_over_remote": s["fetched_rows"] / max(s["remote_rows"], 1),
             "val_acc": eps[-1].get("val_acc"), "run_dir": str(res.run_dir)}
+
+
+def role_cpu(run_dir: Path) -> dict[str, tuple[float, float]]:
+    """(user + sys, sys) CPU seconds of the whole run per role, summed over the machines, from
+    the supervisors' status files (a trainer with the sampler processes it waited for)."""
+    out: dict[str, list[float]] = {}
+    for p in sorted((run_dir / "cluster").glob("machine*.status.json")):
+        for proc in json.loads(p.read_text())["procs"]:
+            got = out.setdefault(proc["role"], [0.0, 0.0])
+            got[0] += proc.get("cpu_user_s", float("nan")) + proc.get("cpu_sys_s", float("nan"))
+            got[1] += proc.get("cpu_sys_s", float("nan"))
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _cpu(x: dict, role: str) -> str:
+    total, sys_s = x["run_cpu"].get(role, (float("nan"), float("nan")))
+    return f"{total:.1f} ({sys_s:.1f})"
 
 
 def main() -> None:
@@ -58,8 +84,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     lines = ["| round | run | load | wall s | epoch s (per epoch) | mean epoch s | pipeline bound s | "
-             "epoch / pipeline bound | compute-only bound s | rows / remote | val acc |",
-             "|" + "---|" * 11]
+             "epoch / pipeline bound | compute-only bound s | trainers' CPU s / epoch | "
+             "run's CPU s (sys): trainers + samplers | servers | rows / remote | val acc |",
+             "|" + "---|" * 14]
     ratios = []
     for r in range(1, a.rounds + 1):
         order = (False, True) if r % 2 else (True, False)
@@ -70,13 +97,14 @@ def main() -> None:
             lines.append(f"| {r} | {'free' if free else 'real'} | {x['load']:.2f} | {x['wall_s']:.0f} | "
                          f"{' / '.join(f'{t:.2f}' for t in x['per_epoch'])} | {x['epoch_s']:.2f} | "
                          f"{x['pipeline_s']:.2f} | {x['epoch_s'] / x['pipeline_s']:.2f} | {x['compute_s']:.2f} | "
-                         f"{x['rows_over_remote']:.3f} | {acc} |")
+                         f"{x['cpu_s']:.2f} | {_cpu(x, 'trainer')} | {_cpu(x, 'server')} | {x['rows_over_remote']:.3f} | {acc} |")
             print(lines[-1], flush=True)
         real, free = got[False], got[True]
         ratios.append(f"round {r}: real / free (measured bound) {real['epoch_s'] / free['epoch_s']:.2f}; "
                       f"real / its pipeline bound {real['epoch_s'] / real['pipeline_s']:.2f}; "
                       f"free / its pipeline bound {free['epoch_s'] / free['pipeline_s']:.2f}; "
-                      f"real's pipeline bound / free's epoch {real['pipeline_s'] / free['epoch_s']:.2f}")
+                      f"real's pipeline bound / free's epoch {real['pipeline_s'] / free['epoch_s']:.2f}; "
+                      f"trainers' CPU real / free {real['cpu_s'] / free['cpu_s']:.2f}")
         print(ratios[-1], flush=True)
     text = "\n".join(lines + [""] + ratios) + "\n"
     print("\n" + text)  # the whole table once more, to paste

@@ -168,6 +168,10 @@ class EpochRecord:
     epoch_over_pipeline: float | None = None
     t_policy: float | None = _extra()
     t_initial_fill: float | None = _extra()
+    # CPU seconds of the trainer process during the epoch (all its threads: compute, the loader's
+    # sampling collection, buffer work and pulls, DGL's RPC), not its sampler processes; beside
+    # t_epoch it shows how much of a shared host's cores the rank took
+    cpu_s: float | None = _extra()
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)
@@ -204,7 +208,7 @@ class EpochTotals:
         self.n += 1
 
     def record(self, epoch: int, **only_epoch: Any) -> EpochRecord:
-        """only_epoch: t_epoch, train_acc, val_acc, initial_fill_rows, t_initial_fill, and the
+        """only_epoch: t_epoch, train_acc, val_acc, initial_fill_rows, t_initial_fill, cpu_s and the
         epoch's bounds (t_epoch_max, bound_*, epoch_over_*)."""
         loss = self.loss / max(self.n, 1) if self.losses else None
         return EpochRecord(epoch=epoch, **self.sums, loss=loss, minibatches=self.n,

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     checked = FeatureCheck(check)
     for epoch in range(tc.epochs):
         model.train()
-        t_epoch = time.perf_counter()
+        t_epoch, cpu_s = time.perf_counter(), time.process_time()
         totals, correct, total = EpochTotals(), 0, 0
         steps: list[tuple[float, float]] = []  # (t_sample, t_compute) per step, for the bounds
         for mb in pipe.epoch(epoch):
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             out.write(rec, mb.window, policy.decisions())
             totals.add(rec)
             steps.append((rec.t_sample, t_compute))
-        t_epoch = time.perf_counter() - t_epoch
+        t_epoch, cpu_s = time.perf_counter() - t_epoch, time.process_time() - cpu_s
         bounds = gather_bounds(epoch, steps, t_epoch)
         val_acc = None
         if evaluates(epoch):
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         train_acc = None if one_class else correct / max(total, 1)
         er = totals.record(epoch, t_epoch=t_epoch, train_acc=train_acc, val_acc=val_acc,
                            initial_fill_rows=fill.rows if epoch == 0 else 0,
-                           t_initial_fill=fill.seconds if epoch == 0 else 0.0, **bounds)
+                           t_initial_fill=fill.seconds if epoch == 0 else 0.0, cpu_s=cpu_s, **bounds)
         out.epochs.write(er.to_dict())
         log_epoch(er)
 

@@ -192,6 +192,59 @@ def test_lookahead_fills_empty_slots_with_misses_of_no_known_reuse(jit, monkeypa
     buf.verify()
 
 
+def _jit_path(jit: bool, monkeypatch) -> None:
+    from rudder.prefetch import jit as kernels
+
+    monkeypatch.setenv("RUDDER_NO_JIT", "0" if jit else "1")
+    kernels.refresh()
+    monkeypatch.setattr(kernels, "_loaded", {})  # the next test reads its own environment
+    assert (kernels.kernels() is not None) == jit
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("admit", ["misses", "any"])
+def test_empty_suffix_round_admits_what_the_full_search_admits(jit, admit, monkeypatch):
+    """While the empty slots are the suffix [filled, C), a round that fills no more slots than
+    are empty takes the lowest ones without ranking the C slots; it must admit exactly the nodes
+    the ranking over every slot admits (a buffer told its empties are unknown), step by step."""
+    _jit_path(jit, monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    halo = torch.arange(1000, 1600)
+    fast, full = (HaloBuffer(halo, 500, 0, store_features=False) for _ in range(2))
+    for b in (fast, full):
+        b.fill(halo[:40])
+    full._suffix = False  # every round ranks all slots; _fill_empty searches them
+    mbs = [halo[torch.randperm(600, generator=g)[:60]].sort().values for _ in range(30)]
+    for i, mb in enumerate(mbs):
+        future, plan = mbs[i + 1:i + 6], Replace("lookahead", 10, admit=admit)
+        assert fast._empty_from() == fast.size  # the suffix held: the search was skipped
+        steps = [begin_step(b, mb, plan, future) for b in (fast, full)]
+        assert steps[0].hits == steps[1].hits
+        assert sorted(steps[0].newcomers.tolist()) == sorted(steps[1].newcomers.tolist())
+        assert sorted(steps[0].victims.tolist()) == list(range(fast.size, fast.size + steps[0].victims.numel()))
+        for b, st_ in zip((fast, full), steps):
+            finish_step(b, st_)
+            b.verify()
+        assert sorted(fast.contents().tolist()) == sorted(full.contents().tolist())
+    assert fast.size == full.size < 500  # never full: every round's victims were empty slots
+
+
+def test_filling_a_slot_out_of_order_ends_the_empty_suffix():
+    buf = HaloBuffer(torch.arange(20), 8, 0, store_features=False)
+    buf.fill(torch.tensor([0, 1]))
+    assert buf._empty_from() == 2
+    buf.apply(torch.tensor([2, 3]), torch.tensor([5, 6]))  # the lowest empty slots: still a suffix
+    assert buf._empty_from() == 4 and buf.size == 4
+    buf.apply(torch.tensor([6]), torch.tensor([7]))  # slot 4 and 5 stay empty below it
+    assert buf._empty_from() == -1 and buf.size == 5
+    # the rounds fall back to searching the slots: the holes are filled, nothing is evicted
+    step = begin_step(buf, torch.tensor([8, 9, 10]), Replace("lookahead", None), [torch.tensor([8, 9, 10])])
+    finish_step(buf, step)
+    assert sorted(step.victims.tolist()) == [4, 5, 7]
+    assert buf.size == 8
+    buf.verify()
+
+
 def test_lookahead_never_swaps_for_a_later_use():
     buf = HaloBuffer(torch.arange(10), 1, 0, store_features=False)
     buf.fill(torch.tensor([0]))

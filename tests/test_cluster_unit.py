@@ -133,6 +133,26 @@ def test_loopback_run_ok_with_env_and_logs(tmp_path, fake):
     assert not leftovers("", tmp_path / "run")
 
 
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+
+
+def test_supervisor_records_each_childs_cpu_with_its_waited_descendants(tmp_path, fake):
+    # trainer 1 burns 0.4 s of CPU in a grandchild it waits for (as a trainer's sampler
+    # processes); trainer 0 and the server (it sleeps) burn next to nothing. CPU time, not wall
+    # time: a busy host changes neither.
+    burn = tmp_path / "burn.py"
+    burn.write_text(BURN)
+    script = f'[ "$RANK" = 1 ] && {sys.executable} {burn}; true'
+    with loopback(tmp_path) as cluster:
+        res = cluster.run(fake["part"], ["sh", "-c", script], server_argv=fake["server_argv"])
+    assert res.ok, res.summary()
+    st = json.loads((tmp_path / "run" / "cluster" / "machine0.status.json").read_text())
+    cpu = {p["key"]: p["cpu_user_s"] + p["cpu_sys_s"] for p in st["procs"]}
+    assert set(cpu) == {"machine0/server", "machine0/trainer0", "machine0/trainer1"}
+    assert cpu["machine0/trainer1"] >= 0.39
+    assert cpu["machine0/trainer0"] < 0.2 and cpu["machine0/server"] < 0.3  # python's start-up
+
+
 def test_loopback_run_pinned_to_its_cpus(tmp_path, fake):
     """ClusterSpec.cpus: the supervisor pins itself, so server and trainers inherit the cores
     (a study's agent node service keeps the others), and each trainer's threads divide them."""

@@ -85,6 +85,9 @@ def test_cluster_learns_and_counts_remote_rows(tmp_path, data_root, machines):
         epochs = read_jsonl(res.run_dir / f"epochs-r{r}.jsonl")
         assert len(epochs) == 3
         assert epochs[-1]["val_acc"] > max(0.5, 3.0 / classes)  # chance is 1/classes
+        # the trainer's own CPU in each epoch: some was spent, and its threads cannot have run
+        # on more cores than the host has for longer than the epoch
+        assert all(0 < e["cpu_s"] <= e["t_epoch"] * (os.cpu_count() or 1) for e in epochs)
         done = json.loads((res.run_dir / f"done-r{r}.json").read_text())
         assert done["checked"] and done["mismatched_rows"] == 0
         saved = torch.load(res.run_dir / f"inputs-r{r}.pt")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -72,6 +73,7 @@ class Child:
         self.ended_at: float | None = None
         self.stopped = False  # we sent it a signal: its exit code is not a failure
         self.pass_fds: tuple[int, ...] = ()  # inherited descriptors (the store's socket)
+        self.cpu: tuple[float, float] | None = None  # (user, sys) CPU seconds, once reaped
 
     @property
     def running(self) -> bool:
@@ -98,6 +100,7 @@ class Child:
         if code is None:
             return False
         self.returncode, self.ended_at = code, time.time()
+        self.cpu = _reaped_cpu()
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
@@ -115,7 +118,21 @@ class Child:
         return {"key": self.key, "label": self.label, "role": self.role,
                 "rank": self.spec.get("rank"), "pid": self.popen.pid if self.popen else None,
                 "returncode": self.returncode, "stopped": self.stopped,
-                "started_at": self.started_at, "ended_at": self.ended_at, "log": self.spec["log"]}
+                "started_at": self.started_at, "ended_at": self.ended_at, "log": self.spec["log"],
+                **({"cpu_user_s": self.cpu[0], "cpu_sys_s": self.cpu[1]} if self.cpu else {})}
+
+
+_children_cpu = [0.0, 0.0]  # this process's reaped children's (user, sys) CPU seen so far
+
+
+def _reaped_cpu() -> tuple[float, float]:
+    """The CPU of the child reaped just now, with its own reaped descendants (a trainer's sampler
+    processes): the growth of RUSAGE_CHILDREN since the last reap. Children are reaped one at a
+    time by this thread's polls, so each growth is one child's."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    got = (ru.ru_utime - _children_cpu[0], ru.ru_stime - _children_cpu[1])
+    _children_cpu[:] = [ru.ru_utime, ru.ru_stime]
+    return got
 
 
 class Supervisor:

@@ -92,6 +92,11 @@ class HaloBuffer:
         self.threshold = self.decay**period
         self.slot_of = torch.full((H,), -1, dtype=torch.int64)
         self.slot_pos = torch.full((capacity,), -1, dtype=torch.int64)
+        # slots holding a node, kept by fill and apply (a slot never empties again); while
+        # `_suffix`, they are exactly slots [0, _filled): every fill so far took the lowest empty
+        # slots, so the empty ones are [_filled, C) and need no search (`_empty_from`)
+        self._filled = 0
+        self._suffix = True
         self.score = torch.zeros(capacity, dtype=torch.float64)
         self.miss_count = torch.zeros(H, dtype=torch.float64)
         self.missed = torch.zeros(H, dtype=torch.bool)
@@ -293,11 +298,13 @@ class HaloBuffer:
         hit_slots: distinct slots hit; missed_pos: halo positions of the non-buffered halo
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
         k = jit.kernels()
+        filled = self._filled if self._suffix else self.capacity  # empty slots' scores stay 0
         if k is not None:  # one compiled loop per array (rudder.prefetch.jit): the same arithmetic
             _, _, score, miss_count, missed = self._views()
-            k.record(score, self.decay, hit_slots.numpy(), miss_count, missed, missed_pos.numpy(), count_misses)
+            k.record(score[:filled], self.decay, hit_slots.numpy(), miss_count, missed, missed_pos.numpy(),
+                     count_misses)
             return
-        score = self.score.numpy()  # numpy on the tensors' memory: the same arithmetic, less dispatch
+        score = self.score.numpy()[:filled]  # numpy on the tensors' memory: the same arithmetic, less dispatch
         score *= self.decay
         if hit_slots.numel():
             hs = hit_slots.numpy()
@@ -378,11 +385,12 @@ class HaloBuffer:
 
     def stale_count(self, stale_after: float | None = None) -> int:
         threshold = self.stale_threshold(stale_after)
+        n = self._filled if self._suffix else self.capacity  # only filled slots can be stale
         k = jit.kernels()
         if k is not None:
             _, slot_pos, score, _, _ = self._views()
-            return int(k.fill_counts(slot_pos, score, threshold)[1])
-        return int(np.count_nonzero((self.slot_pos.numpy() >= 0) & (self.score.numpy() < threshold)))
+            return int(k.fill_counts(slot_pos[:n], score[:n], threshold)[1])
+        return int(np.count_nonzero((self.slot_pos.numpy()[:n] >= 0) & (self.score.numpy()[:n] < threshold)))
 
     # ---- replacement plans (which slots get which halo nodes) -----------------------------
     def plan_massivegnn(self, max_rows: int | None = None,
@@ -454,11 +462,15 @@ class HaloBuffer:
         (the next epoch), and an empty slot holds nothing to lose: in the window these slots
         rank as victims like empty ones (no known next use), so no hit there is given up."""
         room = (max_rows if max_rows is not None else 1 << 62) - victims.numel()
-        empty = self.slot_pos.numpy() < 0
-        if room <= 0 or not empty.any():
+        if room <= 0 or self._filled >= self.capacity:  # a full buffer: no scan of its slots
             return victims, pos
-        empty[victims.numpy()] = False  # the round fills these
-        empty = np.flatnonzero(empty)
+        start = self._empty_from()
+        if start >= 0:  # empty slots [start, C): the round's empty victims are their lowest ones
+            empty = np.arange(start + int(np.count_nonzero(victims.numpy() >= start)), self.capacity)
+        else:
+            empty = self.slot_pos.numpy() < 0
+            empty[victims.numpy()] = False  # the round fills these
+            empty = np.flatnonzero(empty)
         fp = free_pos.numpy()
         left = fp[self.slot_of.numpy()[fp] < 0]
         if pos.numel():
@@ -490,7 +502,7 @@ class HaloBuffer:
                 victims, cand = k.round_lookahead(
                     nu.state, nu.window[0][2], INF, slot_of, slot_pos, score,
                     free_pos.numpy() if free_pos is not None else _EMPTY_NP,
-                    admit == "any", max_rows if max_rows is not None else 1 << 62)
+                    admit == "any", max_rows if max_rows is not None else 1 << 62, self._empty_from())
                 if not victims.size:
                     return _EMPTY, _EMPTY
                 return torch.from_numpy(victims), torch.from_numpy(cand)
@@ -527,6 +539,15 @@ class HaloBuffer:
         n = min(cand.size, self.capacity, max_rows if max_rows is not None else 1 << 62)
         if n == 0:
             return _EMPTY, _EMPTY
+        # one integer key: next use ascending, then free first, then frequency descending
+        F = len(future) + 1
+        ckey = (cand_next * 2 + not_free) * (F + 1) + (F - freq_of(cand))
+        start = self._empty_from()
+        if start >= 0 and n <= self.capacity - start:
+            # empty slots rank first as victims and every candidate is used in the window, so
+            # the n swaps fill the n lowest empty slots: no pass over the slots
+            top = torch.topk(torch.from_numpy(ckey), n, largest=False, sorted=True).indices.numpy()
+            return torch.arange(start, start + n), torch.from_numpy(cand[top])
         slot_pos = self.slot_pos.numpy()
         filled = slot_pos >= 0
         # empty slots first (INF + 1), then latest next use; ties (e.g. unused in the window) by
@@ -535,9 +556,6 @@ class HaloBuffer:
         if int(cand_next.min()) >= int(vnext.max()):
             # no newcomer is used sooner than any slot's node: the prefix below is empty
             return _EMPTY, _EMPTY
-        # one integer key: next use ascending, then free first, then frequency descending
-        F = len(future) + 1
-        ckey = (cand_next * 2 + not_free) * (F + 1) + (F - freq_of(cand))
         top = torch.topk(torch.from_numpy(ckey), n, largest=False, sorted=True).indices.numpy()
         cand, cand_next = cand[top], cand_next[top]
         vkey = vnext.astype(np.float64)
@@ -561,6 +579,8 @@ class HaloBuffer:
         self.slot_pos[:k] = pos
         self.slot_of[pos] = slots
         self.score[:k] = 1.0
+        self._filled = int(np.count_nonzero(self.slot_pos.numpy() >= 0))
+        self._suffix = bool((self.slot_pos.numpy()[:self._filled] >= 0).all())
         if self.store_features and feats is not None:
             self._write(slots, feats)
 
@@ -581,7 +601,7 @@ class HaloBuffer:
         k = jit.kernels()
         if k is not None:
             slot_of, slot_pos, score, miss_count, _ = self._views()
-            k.apply(slot_pos, slot_of, score, miss_count, sl, npos)
+            self._note_filled(*k.apply(slot_pos, slot_of, score, miss_count, sl, npos))
             if self.store_features and feats is not None:
                 self._write(slots, feats)
             return
@@ -589,6 +609,8 @@ class HaloBuffer:
         score, miss_count = self.score.numpy(), self.miss_count.numpy()
         old_pos = slot_pos[sl]
         had = old_pos >= 0
+        was_empty = sl[~had]
+        self._note_filled(was_empty.size, int(was_empty.max()) if was_empty.size else -1)
         old = old_pos[had]
         miss_count[old] = score[sl[had]]
         slot_of[old] = -1
@@ -598,14 +620,22 @@ class HaloBuffer:
         if self.store_features and feats is not None:
             self._write(slots, feats)
 
+    def _note_filled(self, filled: int, top: int) -> None:
+        """`filled` empty slots were just filled, the highest `top`: they were the lowest empty
+        ones (the suffix stays a suffix) iff they were [_filled, _filled + filled)."""
+        if filled:
+            self._suffix = self._suffix and int(top) == self._filled + filled - 1
+            self._filled += int(filled)
+
+    def _empty_from(self) -> int:
+        """The first empty slot when the empty slots are exactly [it, C), else -1."""
+        return self._filled if self._suffix else -1
+
     # ---- inspection -----------------------------------------------------------------------
     @property
     def size(self) -> int:
-        k = jit.kernels()
-        if k is not None:
-            _, slot_pos, score, _, _ = self._views()
-            return int(k.fill_counts(slot_pos, score, 0.0)[0])
-        return int(np.count_nonzero(self.slot_pos.numpy() >= 0))
+        """Slots holding a node (a counter: the pipeline asks every minibatch)."""
+        return self._filled
 
     def contents(self) -> torch.Tensor:
         return self.halo[self.slot_pos[self.slot_pos >= 0]]
@@ -622,6 +652,9 @@ class HaloBuffer:
         assert bool((self.slot_of[pos] == filled).all()), "slot_of/slot_pos disagree"
         assert int((self.slot_of >= 0).sum()) == filled.numel(), "stray slot_of entries"
         assert filled.numel() <= self.capacity
+        assert self._filled == filled.numel(), "the fill counter disagrees with the slots"
+        if self._suffix:
+            assert bool((self.slot_pos[:self._filled] >= 0).all()), "the empty slots are not a suffix"
         if self.index is not None:
             self.index.verify()
             assert bool((self.halo[pos] >= 0).all()), "a buffered position lost its id"

@@ -62,7 +62,7 @@ def warm() -> None:
     k.record(f64, 0.5, i64[:0], f64, hit, i64[:0], True)
     k.nu_enter(state, link, i64[:1], 0, 0)
     k.nu_leave(state, link, i64[:1], 0)
-    k.round_lookahead(state, 0, 2, i64, i64, f64, i64, False, 2)
+    k.round_lookahead(state, 0, 2, i64, i64, f64, i64, False, 2, -1)
     k.apply(i64, i64, f64, f64, i64[:0], i64[:0])
     k.fill_counts(i64, f64, 0.5)
     k.topk_smallest(i64, 1)

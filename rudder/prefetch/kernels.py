@@ -274,9 +274,10 @@ def record(score, decay, hit_slots, miss_count, missed, missed_pos, count_misses
 # ---- the lookahead round (HaloBuffer.plan_lookahead with the incremental next use) -------------
 
 @_jit
-def round_lookahead(state, front, INF, slot_of, slot_pos, score, free_pos, any_node, n_max):
+def round_lookahead(state, front, INF, slot_of, slot_pos, score, free_pos, any_node, n_max, empty_from):
     """(victim slots, newcomer positions), the k swaps of the round; see plan_lookahead. Next use
-    of node p: min(first[p] - front + 1, INF) (INF: none in the window of INF - 1 minibatches)."""
+    of node p: min(first[p] - front + 1, INF) (INF: none in the window of INF - 1 minibatches).
+    empty_from >= 0: the empty slots are exactly [empty_from, C) (HaloBuffer._empty_from)."""
     H = slot_of.size
     off = front - 1
     if any_node:  # every non-buffered node the window uses, ascending; the free ones first on ties
@@ -325,6 +326,14 @@ def round_lookahead(state, front, INF, slot_of, slot_pos, score, free_pos, any_n
         lo_c = min(lo_c, nu)
         ckey[i] = (nu * 2 + not_free[i]) * (F + 1) + (F - np.int64(state[p, _FREQ]))
     C = slot_pos.size
+    if empty_from >= 0 and n <= C - empty_from:
+        # empty slots rank first as victims and every candidate is used in the window, so the
+        # n swaps fill n empty slots: the lowest ones, no pass over the C slots
+        top = topk_smallest(ckey, n)
+        newcomers = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            newcomers[i] = cand[top[i]]
+        return np.arange(empty_from, empty_from + n), newcomers
     vnext = _slot_next_use(state, off, INF, slot_of, slot_pos)
     nkey = np.empty(C, dtype=np.float64)  # -(vnext * 1e12 - score), exactly: the victims' key negated
     slots = np.empty(C, dtype=np.int64)  # the ranking's (key, index) pairs, made in the same pass
@@ -409,18 +418,25 @@ def split(slot_of, is_halo, pos, ids):
 
 @_jit
 def apply(slot_pos, slot_of, score, miss_count, slots, new_pos):
-    """The score hand-over of HaloBuffer.apply: every evicted node first, then every newcomer."""
+    """The score hand-over of HaloBuffer.apply: every evicted node first, then every newcomer.
+    Returns (how many of the slots were empty, the highest of them or -1)."""
+    was_empty = 0
+    top_empty = -1
     for i in range(slots.size):
         s = slots[i]
         old = slot_pos[s]
         if old >= 0:
             miss_count[old] = score[s]
             slot_of[old] = -1
+        else:
+            was_empty += 1
+            top_empty = max(top_empty, s)
     for i in range(slots.size):
         s, p = slots[i], new_pos[i]
         score[s] = miss_count[p]
         slot_pos[s] = p
         slot_of[p] = s
+    return was_empty, top_empty
 
 
 @_jit
