@@ -21,7 +21,6 @@ features-free twin on shared cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -45,27 +44,13 @@ def run_once(args, free: bool, tag: str) -> dict:
     b = s["bounds"]
     eps = read_jsonl(res.run_dir / "epochs-r0.jsonl")
     per_epoch = [e["t_epoch_max"] for e in eps]  # the slowest rank's, as every rank records it
-    # the trainers' own CPU (every rank's process, its threads), per epoch: where the cores went
-    cpu = [e.get("cpu_s") for p in sorted(res.run_dir.glob("epochs-r*.jsonl")) for e in read_jsonl(p)]
-    cpu_s = sum(cpu) / len(eps) if cpu and None not in cpu else float("nan")
-    run_cpu = role_cpu(res.run_dir)
+    # where the cores went: the trainers' own CPU per epoch, the whole run's per role
+    cpu_s = s["cpu_epoch_s"] if s["cpu_epoch_s"] is not None else float("nan")
     return {"run": tag, "free": free, "load": load, "wall_s": time.time() - t0, "epoch_s": s["epoch_s"],
             "pipeline_s": b["pipeline_s"], "compute_s": b["compute_s"],
-            "per_epoch": per_epoch, "cpu_s": cpu_s, "run_cpu": run_cpu,
+            "per_epoch": per_epoch, "cpu_s": cpu_s, "run_cpu": s["cpu_by_role"],
             "rows_over_remote": s["fetched_rows"] / max(s["remote_rows"], 1),
             "val_acc": eps[-1].get("val_acc"), "run_dir": str(res.run_dir)}
-
-
-def role_cpu(run_dir: Path) -> dict[str, tuple[float, float]]:
-    """(user + sys, sys) CPU seconds of the whole run per role, summed over the machines, from
-    the supervisors' status files (a trainer with the sampler processes it waited for)."""
-    out: dict[str, list[float]] = {}
-    for p in sorted((run_dir / "cluster").glob("machine*.status.json")):
-        for proc in json.loads(p.read_text())["procs"]:
-            got = out.setdefault(proc["role"], [0.0, 0.0])
-            got[0] += proc.get("cpu_user_s", float("nan")) + proc.get("cpu_sys_s", float("nan"))
-            got[1] += proc.get("cpu_sys_s", float("nan"))
-    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def _cpu(x: dict, role: str) -> str:

@@ -58,6 +58,10 @@ def summarize_run(run_dir: str | Path) -> dict:
     out["epoch_s"] = sum(per_epoch.values()) / len(per_epoch) if per_epoch else None
     b = run_bounds(mbs_by_rank, epochs_by_rank)
     out["bounds"] = {k: v for k, v in b.to_dict().items() if k != "per_epoch"} if mbs else None
+    # where the cores went: the trainers' own CPU per epoch (all ranks), and the whole run's by role
+    cpu = [e.get("cpu_s") for e in epochs]
+    out["cpu_epoch_s"] = sum(cpu) / len(per_epoch) if cpu and None not in cpu else None
+    out["cpu_by_role"] = role_cpu(run_dir)
     decisions = [d for p in _ranks(run_dir, "decisions") for d in read_jsonl(p)]
     out["decisions"] = len(decisions)
     out["applied"] = sum(1 for d in decisions if d.get("applied_step") is not None and not d.get("fallback"))
@@ -73,8 +77,37 @@ def summarize_run(run_dir: str | Path) -> dict:
     return out
 
 
+def role_cpu(run_dir: str | Path) -> dict[str, tuple[float, float]]:
+    """{role: (user + sys, sys)} CPU seconds of the whole run, summed over the machines, from the
+    supervisors' status files (rudder.cluster.machine: each process as it was reaped, a trainer
+    with the sampler processes it waited for); {} where none recorded it (a replay)."""
+    out: dict[str, list[float]] = {}
+    for p in sorted((Path(run_dir) / "cluster").glob("machine*.status.json")):
+        for proc in json.loads(p.read_text()).get("procs", []):
+            if "cpu_user_s" in proc:
+                got = out.setdefault(proc["role"], [0.0, 0.0])
+                got[0] += proc["cpu_user_s"] + proc["cpu_sys_s"]
+                got[1] += proc["cpu_sys_s"]
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def _pct(a: int, b: int) -> str:
     return f"{100 * a / b:.1f}%" if b else "n/a"
+
+
+def _cpu_line(s: dict) -> str | None:
+    """The trainers' CPU an epoch (as cores busy for the epoch's time) and the run's by role."""
+    parts = []
+    if s.get("cpu_epoch_s") is not None and s.get("epoch_s"):
+        parts.append(f"trainers {s['cpu_epoch_s']:.2f} CPU-s an epoch "
+                     f"({s['cpu_epoch_s'] / s['epoch_s']:.2f} cores over its {s['epoch_s']:.2f} s)")
+    roles = s.get("cpu_by_role") or {}
+    if roles:
+        names = {"trainer": "trainers with samplers", "server": "servers", "service": "services",
+                 "store": "rendezvous store"}
+        parts.append("whole run " + ", ".join(f"{names.get(r, r)} {t:.1f} s (sys {k:.1f})"
+                                              for r, (t, k) in sorted(roles.items())))
+    return "cpu            " + "; ".join(parts) if parts else None
 
 
 def format_summary(s: dict) -> str:
@@ -104,6 +137,9 @@ def format_summary(s: dict) -> str:
     if b and b["epoch_s"] is not None and b["pipeline_s"] and b["compute_s"]:
         lines.append(f"bounds         pipeline {b['pipeline_s']:.2f} s (epoch {b['epoch_over_pipeline']:.2f}x), "
                      f"compute-only {b['compute_s']:.2f} s (epoch {b['epoch_over_compute']:.2f}x)")
+    cpu_line = _cpu_line(s)
+    if cpu_line:
+        lines.append(cpu_line)
     if base in DECIDING or s["decisions"]:
         lines.append(f"decisions      {s['decisions']}: {s['applied']} applied ({s['replace']} replace), "
                      f"{s['fallbacks']} fell back")

@@ -5,7 +5,7 @@ import json
 
 from rudder.records import read_jsonl
 from synthetic_runs import write_synthetic_run  # tests/synthetic_runs.py
-from rudder.run_summary import format_summary, summarize_run
+from rudder.run_summary import _cpu_line, format_summary, summarize_run
 from rudder.sim.simulate import simulate, write_sim_run
 from rudder.sim.tracegen import random_trace
 
@@ -93,3 +93,26 @@ def test_a_features_free_run_is_summarised_as_the_measured_bound(tmp_path):
     assert s["policy"] == "free" and s["belady_hits"] == 0  # no buffer: no optimum beside it
     text = format_summary(s)
     assert text.startswith("features free  no remote row pulled") and "rows fetched" not in text
+
+
+def test_summary_says_where_the_cores_went(tmp_path):
+    d = write_synthetic_run(tmp_path, "a", policy="static", epochs=2, steps=6)
+    assert _cpu_line(summarize_run(d)) is None  # records without cpu_s and no status: no line
+    for p in sorted(d.glob("epochs-r*.jsonl")):  # each rank burned 0.25 CPU-s an epoch
+        rows = [{**e, "cpu_s": 0.25} for e in read_jsonl(p)]
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ranks = len(list(d.glob("epochs-r*.jsonl")))
+    (d / "cluster").mkdir()
+    (d / "cluster" / "machine0.status.json").write_text(json.dumps({"procs": [
+        {"role": "server", "cpu_user_s": 3.0, "cpu_sys_s": 1.0},
+        {"role": "trainer", "cpu_user_s": 8.0, "cpu_sys_s": 2.0},
+        {"role": "trainer", "cpu_user_s": 6.0, "cpu_sys_s": 1.5},
+        {"role": "service"}]}))  # still running when last written: no CPU yet
+    s = summarize_run(d)
+    assert s["cpu_epoch_s"] == 0.25 * ranks
+    assert s["cpu_by_role"] == {"server": (4.0, 1.0), "trainer": (17.5, 3.5)}
+    line = _cpu_line(s)
+    assert line in format_summary(s).splitlines()
+    assert line == (f"cpu            trainers {0.25 * ranks:.2f} CPU-s an epoch "
+                    f"({0.25 * ranks / s['epoch_s']:.2f} cores over its {s['epoch_s']:.2f} s); "
+                    "whole run servers 4.0 s (sys 1.0), trainers with samplers 17.5 s (sys 3.5)")
