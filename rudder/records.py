@@ -166,12 +166,12 @@ class EpochRecord:
     bound_pipeline_s: float | None = None
     epoch_over_compute: float | None = None
     epoch_over_pipeline: float | None = None
-    t_policy: float | None = _extra()
-    t_initial_fill: float | None = _extra()
     # CPU seconds of the trainer process during the epoch (all its threads: compute, the loader's
     # sampling collection, buffer work and pulls, DGL's RPC), not its sampler processes; beside
-    # t_epoch it shows how much of a shared host's cores the rank took
-    cpu_s: float | None = _extra()
+    # t_epoch it shows how much of a shared host's cores the rank took (None in replays)
+    cpu_s: float | None = None
+    t_policy: float | None = _extra()
+    t_initial_fill: float | None = _extra()
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

@@ -121,6 +121,7 @@ def write_synthetic_run(root: str | Path, run_id: str, *, dataset: str = "synth-
                 "t_epoch_max": t_epoch, "bound_compute_s": 0.05 * len(mbs),
                 "bound_pipeline_s": 0.05 * len(mbs), "epoch_over_compute": t_epoch / (0.05 * len(mbs)),
                 "epoch_over_pipeline": t_epoch / (0.05 * len(mbs)),
+                "cpu_s": 0.8 * t_epoch,
             }
             erec = {k: erec[k] for k in EPOCH_FIELDS}
             ep_w.write(erec)

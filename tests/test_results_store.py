@@ -487,19 +487,20 @@ def test_legacy_numeric_outcomes_become_deltas(tmp_path):
 
 
 def test_a_v3_file_is_migrated_and_older_ones_refused(tmp_path, runs):
-    """v4 added the loader's stage times and the epoch's bounds, v5 the windows' missed sets: a v3 file (made here by taking
+    """v4 added the loader's stage times and the epoch's bounds, v5 the windows' missed sets, v6
+    the epochs' cpu_s: a v3 file (made here by taking
     those columns out of a fresh one) gets them added in place and collects v4 runs; a v2 file
     cannot be brought forward and the error says what to do."""
     import duckdb
 
     from rudder.results.schema import MIGRATIONS, SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 5  # v5 added the windows' missed sets (h18b)
+    assert SCHEMA_VERSION == 6  # v6 added epochs.cpu_s
     root, _ = runs
     db = tmp_path / "old.duckdb"
     ResultsStore(db).close()
     con = duckdb.connect(str(db))
-    for v in (3, 4):
+    for v in (3, 4, 5):
         for table, cols in MIGRATIONS[v].items():
             for c in cols:
                 con.execute(f'ALTER TABLE {table} DROP COLUMN "{c}"')
@@ -507,7 +508,8 @@ def test_a_v3_file_is_migrated_and_older_ones_refused(tmp_path, runs):
     con.close()
     with ResultsStore(db) as st:
         assert st.ingest_runs([root]).ingested == 4
-        assert st.query("SELECT value FROM meta WHERE key = 'schema_version'").iloc[0, 0] == "5"
+        assert st.query("SELECT value FROM meta WHERE key = 'schema_version'").iloc[0, 0] == "6"
+        assert st.query("SELECT count(*) FROM epochs WHERE cpu_s > 0").iloc[0, 0] > 0
         assert st.query("SELECT count(*) FROM windows WHERE missed_union IS NOT NULL").iloc[0, 0] > 0
         ep = st.query("SELECT bound_pipeline_s, epoch_over_pipeline, t_load FROM epochs "
                       "WHERE run_id = 'none-2'")

@@ -97,10 +97,14 @@ def test_a_features_free_run_is_summarised_as_the_measured_bound(tmp_path):
 
 def test_summary_says_where_the_cores_went(tmp_path):
     d = write_synthetic_run(tmp_path, "a", policy="static", epochs=2, steps=6)
-    assert _cpu_line(summarize_run(d)) is None  # records without cpu_s and no status: no line
-    for p in sorted(d.glob("epochs-r*.jsonl")):  # each rank burned 0.25 CPU-s an epoch
-        rows = [{**e, "cpu_s": 0.25} for e in read_jsonl(p)]
-        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def set_cpu(v):
+        for p in sorted(d.glob("epochs-r*.jsonl")):
+            p.write_text("".join(json.dumps({**e, "cpu_s": v}) + "\n" for e in read_jsonl(p)))
+
+    set_cpu(None)
+    assert _cpu_line(summarize_run(d)) is None  # records without cpu_s (a replay) and no status: no line
+    set_cpu(0.25)  # each rank burned 0.25 CPU-s an epoch
     ranks = len(list(d.glob("epochs-r*.jsonl")))
     (d / "cluster").mkdir()
     (d / "cluster" / "machine0.status.json").write_text(json.dumps({"procs": [

@@ -19,7 +19,9 @@ from rudder.records import RECORDS, column_kinds
 # v4: the loader's stage times (minibatches and epochs: t_sample_wait, t_plan, t_assemble,
 #     t_load, t_stall_max) and the epoch's bounds (epochs: t_epoch_max, bound_compute_s,
 #     bound_pipeline_s, epoch_over_compute, epoch_over_pipeline); a v3 file is migrated in place
-SCHEMA_VERSION = 5  # bump when a table changes shape; see MIGRATIONS for what an older file gets
+# v5: the windows' missed sets (missed_nodes, missed_again, missed_union)
+# v6: epochs.cpu_s (the trainer process's CPU seconds in the epoch)
+SCHEMA_VERSION = 6  # bump when a table changes shape; see MIGRATIONS for what an older file gets
 
 # Kinds: int -> BIGINT, float -> DOUBLE, bool -> BOOLEAN, str -> VARCHAR, ts -> TIMESTAMP (UTC),
 # json -> JSON; flag -> BOOLEAN where any other text counts as true (and is kept in `extra`).
@@ -93,6 +95,7 @@ MIGRATIONS: dict[int, dict[str, list[str]]] = {
         "epochs": _V4_STAGES + ["t_epoch_max", "bound_compute_s", "bound_pipeline_s",
                                 "epoch_over_compute", "epoch_over_pipeline"]},
     4: {"windows": ["missed_nodes", "missed_again", "missed_union"]},  # the misses' set drift (h18b)
+    5: {"epochs": ["cpu_s"]},  # where the cores went
 }
 
 
