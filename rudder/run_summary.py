@@ -105,7 +105,7 @@ def _cpu_line(s: dict) -> str | None:
     if roles:
         names = {"trainer": "trainers with samplers", "server": "servers", "service": "services",
                  "store": "rendezvous store"}
-        parts.append("whole run " + ", ".join(f"{names.get(r, r)} {t:.1f} s (sys {k:.1f})"
+        parts.append("whole run: " + ", ".join(f"{names.get(r, r)} {t:.1f} s (sys {k:.1f})"
                                               for r, (t, k) in sorted(roles.items())))
     return "cpu            " + "; ".join(parts) if parts else None
 

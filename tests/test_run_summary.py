@@ -119,4 +119,4 @@ def test_summary_says_where_the_cores_went(tmp_path):
     assert line in format_summary(s).splitlines()
     assert line == (f"cpu            trainers {0.25 * ranks:.2f} CPU-s an epoch "
                     f"({0.25 * ranks / s['epoch_s']:.2f} cores over its {s['epoch_s']:.2f} s); "
-                    "whole run servers 4.0 s (sys 1.0), trainers with samplers 17.5 s (sys 3.5)")
+                    "whole run: servers 4.0 s (sys 1.0), trainers with samplers 17.5 s (sys 3.5)")
