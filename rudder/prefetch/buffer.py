@@ -464,17 +464,20 @@ class HaloBuffer:
         room = (max_rows if max_rows is not None else 1 << 62) - victims.numel()
         if room <= 0 or self._filled >= self.capacity:  # a full buffer: no scan of its slots
             return victims, pos
-        start = self._empty_from()
-        if start >= 0:  # empty slots [start, C): the round's empty victims are their lowest ones
-            empty = np.arange(start + int(np.count_nonzero(victims.numpy() >= start)), self.capacity)
-        else:
-            empty = self.slot_pos.numpy() < 0
-            empty[victims.numpy()] = False  # the round fills these
-            empty = np.flatnonzero(empty)
         fp = free_pos.numpy()
         left = fp[self.slot_of.numpy()[fp] < 0]
         if pos.numel():
             left = left[~np.isin(left, pos.numpy())]
+        if left.size == 0:
+            return victims, pos
+        start = self._empty_from()
+        if start >= 0:  # empty slots [start, C): the round's empty victims are their lowest ones
+            first = start + int(np.count_nonzero(victims.numpy() >= start))
+            empty = np.arange(first, min(first + min(room, left.size), self.capacity))
+        else:
+            empty = self.slot_pos.numpy() < 0
+            empty[victims.numpy()] = False  # the round fills these
+            empty = np.flatnonzero(empty)
         n = min(room, empty.size, left.size)
         if n == 0:
             return victims, pos
