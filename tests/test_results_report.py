@@ -179,6 +179,16 @@ def test_savings_figure_shows_ratios_per_policy_and_machines(study_db):
     want = vs[vs["policy"] == "static"].sort_values("machines")["rows_ratio"].tolist()
     assert bars["static"] == pytest.approx(want)
     assert rows_ax.get_title() and epoch_ax.get_title()
+    _legends_cover_no_data(fig)
+
+
+def _legends_cover_no_data(fig) -> None:
+    """Each panel's legend is drawn outside its axes (inside, it hid bar labels and curves)."""
+    fig.canvas.draw()
+    for ax in fig.axes:
+        leg, box = ax.get_legend(), ax.get_window_extent()
+        assert leg is not None
+        assert leg.get_window_extent().y1 <= box.y0 + 1, ax.get_title()  # below, in pixels
 
 
 def test_hit_rate_figure_has_belady_beside_each_policy(study_db):
@@ -197,6 +207,7 @@ def test_hit_rate_figure_has_belady_beside_each_policy(study_db):
         y_all, y_halo = (ln.get_ydata() for ln in ax.get_lines()[-2:])
         assert np.all((y_all >= 0) & (y_all <= 100))
         assert not np.allclose(y_all, y_halo)  # two curves, not one drawn twice
+    _legends_cover_no_data(fig)
 
 
 def test_hit_rate_figure_of_a_replay_without_a_machine_count(study_db):

@@ -377,6 +377,11 @@ def save(fig, path: Path) -> None:
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
+def _legend_below(ax, y: float = -0.1) -> None:
+    """The panel's legend under its axes, where it covers no bar, label or curve."""
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, y), ncols=3, frameon=False)
+
+
 def savings_figure(vs: pd.DataFrame, bel_runs: pd.DataFrame):
     """Two panels per dataset: rows fetched / none and epoch time / none, bars per policy in
     groups by machine count; marks: Belady's rows (left: all remote nodes, black dashed, the
@@ -425,7 +430,7 @@ def savings_figure(vs: pd.DataFrame, bel_runs: pd.DataFrame):
             ax.set_title(f"{ds}: {title} vs DistDGL (none)")
             ax.set_ylim(0, max(1.25, float(part[col].max(skipna=True) or 1) * 1.15))
             ax.grid(axis="y", alpha=0.3)
-            ax.legend(fontsize="small", loc="upper right")
+            _legend_below(ax)  # inside, it covered the tallest bars' labels (the worst policy's)
     fig.tight_layout()
     return fig
 
@@ -460,7 +465,7 @@ def hit_rate_figure(hits: pd.DataFrame, bel_runs: pd.DataFrame, bel_steps: pd.Da
         ax.set_ylabel("%-hits (buffer hits / remote rows)")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="lower right")
+        _legend_below(ax, y=-0.14)  # inside, it hid the low curves (fixed, static)
     fig.tight_layout()
     return fig
 
