@@ -298,7 +298,7 @@ class HaloBuffer:
         hit_slots: distinct slots hit; missed_pos: halo positions of the non-buffered halo
         nodes sampled (ids are unique within a minibatch, so both are duplicate-free)."""
         k = jit.kernels()
-        filled = self._filled if self._suffix else self.capacity  # empty slots' scores stay 0
+        filled = self._filled_end()  # empty slots' scores stay 0
         if k is not None:  # one compiled loop per array (rudder.prefetch.jit): the same arithmetic
             _, _, score, miss_count, missed = self._views()
             k.record(score[:filled], self.decay, hit_slots.numpy(), miss_count, missed, missed_pos.numpy(),
@@ -385,7 +385,7 @@ class HaloBuffer:
 
     def stale_count(self, stale_after: float | None = None) -> int:
         threshold = self.stale_threshold(stale_after)
-        n = self._filled if self._suffix else self.capacity  # only filled slots can be stale
+        n = self._filled_end()  # only filled slots can be stale
         k = jit.kernels()
         if k is not None:
             _, slot_pos, score, _, _ = self._views()
@@ -633,6 +633,10 @@ class HaloBuffer:
     def _empty_from(self) -> int:
         """The first empty slot when the empty slots are exactly [it, C), else -1."""
         return self._filled if self._suffix else -1
+
+    def _filled_end(self) -> int:
+        """Every filled slot is below this: _filled while the empty slots are the suffix, else C."""
+        return self._filled if self._suffix else self.capacity
 
     # ---- inspection -----------------------------------------------------------------------
     @property
