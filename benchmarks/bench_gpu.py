@@ -80,6 +80,12 @@ def main() -> None:
             s = summarize(res.run_dir, machines)
             rows.append({"machines": machines, "policy": policy, "run": res.run_id, "wall_s": time.time() - t0,
                          **s, **device_figures(res.run_dir, machines)})
+            write_table(args, rows)  # after every cell: a run cut short keeps what it measured
+    print(write_table(args, rows))
+
+
+def write_table(args, rows: list[dict]) -> str:
+    """The Markdown table (and the rows as JSON) at --out; returns the table."""
     head = next((r for r in rows if "device" in r), {})
     lines = [
         f"dataset {args.dataset}, device {head.get('device', args.device)} "
@@ -100,10 +106,10 @@ def main() -> None:
                      f"{r['fetched_rows_per_epoch']:.0f} | {r['hit_rate']:.3f} | {100 * r['stall_share']:.1f}% | "
                      f"{r['buffer_mib']:.1f} | {100 * r['model_share']:.1f}% | {r['val_acc']:.3f} |")
     text = "\n".join(lines)
-    print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")
     Path(args.out).with_suffix(".json").write_text(json.dumps(rows, default=str, indent=1))
+    return text
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ def _netns() -> str:
 
     ok, why = netns_available()
     if not ok:
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            why += "; several machines still run, on loopback without link shaping (cluster.bandwidth: null)"
         raise RuntimeError(why)
     return why
 

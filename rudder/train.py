@@ -25,6 +25,22 @@ import rudder  # noqa: F401  (sets DGLBACKEND)
 log = logging.getLogger("rudder.train")
 
 
+def pin_dgl_machine() -> None:
+    """Machines emulated on loopback (no namespaces) listen on 127.A.B.m addresses that no
+    interface carries, and DGL finds a client's machine by its interfaces' addresses: every
+    client would take itself for machine 0 and read partition 0's rows from its own machine's
+    shared memory. The launcher names the address (RUDDER_DGL_MACHINE_ADDR); DGL is told it.
+    Runs at import too: DGL's sampler processes are spawned and import this module again."""
+    addr = os.environ.get("RUDDER_DGL_MACHINE_ADDR")
+    if addr:
+        from dgl.distributed import rpc_client
+
+        rpc_client.local_ip4_addr_list = lambda: {addr}
+
+
+pin_dgl_machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch

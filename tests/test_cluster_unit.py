@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from rudder.cluster import ClusterError, ClusterSpec, LocalCluster, cleanup_stale, netns_available
 from rudder.cluster import netns as nets
 from rudder.cluster.exits import describe_exit
+from rudder.cluster.local import hold_ports
 
 FAKE_SERVER = textwrap.dedent("""
     import os, socket, sys, time
@@ -92,8 +94,23 @@ def test_describe_exit():
     assert describe_exit(-9) == "was killed by signal SIGKILL"
 
 
-def test_several_machines_without_netns_is_a_clear_error(tmp_path):
-    with pytest.raises(ClusterError, match="one machine only"):
+def test_several_machines_without_netns(tmp_path, monkeypatch):
+    """netns=False: several machines on loopback, each on its own 127.A.B.m address (a real run:
+    tests/test_train_integration.py); without root or `unshare` (no private /dev/shm per machine)
+    a clear error, and never bandwidth shaping."""
+    with pytest.raises(ClusterError, match="bandwidth shaping needs network namespaces"):
+        LocalCluster(ClusterSpec(machines=2, netns=False, bandwidth="1gbit"), tmp_path).start()
+    if ROOT and shutil.which("unshare"):
+        with LocalCluster(ClusterSpec(machines=3, netns=False), tmp_path) as c:
+            a = c.addresses
+            assert c.loopback and len(set(a)) == 3 and a[0].startswith("127.") and a[0] != "127.0.0.1"
+            assert [x.rsplit(".", 1)[0] for x in a] == [a[0].rsplit(".", 1)[0]] * 3
+            held = hold_ports(a)  # one port free on every machine's address
+            assert len({s.getsockname()[1] for s in held}) == 1
+            for s in held:
+                s.close()
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(ClusterError, match="need root and `unshare`"):
         LocalCluster(ClusterSpec(machines=2, netns=False), tmp_path).start()
 
 

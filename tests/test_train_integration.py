@@ -101,6 +101,27 @@ def test_cluster_learns_and_counts_remote_rows(tmp_path, data_root, machines):
     assert not leftovers(res.run_dir)
 
 
+def test_machines_on_loopback_without_namespaces(tmp_path, data_root):
+    """cluster.netns=false (what a host without iproute2 falls back to, e.g. a GPU container):
+    two machines on their own 127.A.B.m addresses, each with a private /dev/shm. Each trainer and
+    its sampler process must take itself for its own machine (DGL finds it by interface address,
+    which none has): else partition 0's rows are read from the wrong shared memory. Every row
+    matches a direct pull, and remote rows are counted against the partition config."""
+    cfg = make_cfg(tmp_path, data_root, 2, "lookahead", epochs=1, samplers=1, prefetch_fraction=0.5)
+    cfg.cluster.netns = False
+    res = execute_run(cfg, check=True)
+    assert res.ok, res.reason
+    ips = [line.split()[0] for line in (res.run_dir / "ip_config.txt").read_text().splitlines()]
+    assert len(set(ips)) == 2 and all(ip.startswith("127.") and ip != "127.0.0.1" for ip in ips), ips
+    run = json.loads((res.run_dir / "run.json").read_text())
+    for r in range(2):
+        done = json.loads((res.run_dir / f"done-r{r}.json").read_text())
+        assert done["part_id"] == r and done["checked"] and done["mismatched_rows"] == 0
+        for input_nodes, remote_rows in torch.load(res.run_dir / f"inputs-r{r}.pt"):
+            assert int((owner_from_part_config(run["part_config"], input_nodes) != r).sum()) == remote_rows
+    assert not run_processes(res.run_dir)
+
+
 def assert_honest_timing(run_dir, ranks: int, sampled_before: bool = False) -> None:
     """Every minibatch record has the loader's stage times and the slower rank's wait (the max
     of the ranks' own t_stall at that step); every epoch record the epoch's bounds over all

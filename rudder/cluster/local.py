@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import select
 import shlex
 import shutil
@@ -33,7 +34,7 @@ _ROLE_VARS = frozenset({
     "GLOO_SOCKET_IFNAME", "DGL_ROLE", "DGL_SERVER_ID", "DGL_IP_CONFIG", "DGL_NUM_SERVER",
     "DGL_NUM_CLIENT", "DGL_CONF_PATH", "DGL_GRAPH_FORMAT", "DGL_DIST_MODE", "DGL_NUM_SAMPLER",
     "DGL_GROUP_ID", "RUDDER_MACHINE_ID", "RUDDER_NUM_MACHINES", "RUDDER_MACHINE_ADDR",
-    "RUDDER_ADDRESSES", "RUDDER_RUN_DIR", "RUDDER_IP_CONFIG", "RUDDER_SERVICE_ID",
+    "RUDDER_ADDRESSES", "RUDDER_RUN_DIR", "RUDDER_IP_CONFIG", "RUDDER_SERVICE_ID", "RUDDER_DGL_MACHINE_ADDR",
     "RUDDER_READY_FILE", "RUDDER_STORE_FD", "RUDDER_THREADS", "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_RESTART_COUNT"})
 _PKG_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding `rudder/`
@@ -152,7 +153,35 @@ def _close_all() -> None:
         cluster.close()
 
 
-def hold_port(host: str = LOOPBACK) -> socket.socket:
+def loopback_addresses(machines: int) -> list[str]:
+    """Machine addresses on this host's loopback: 127.0.0.1 for one machine; for several, one
+    per machine in a 127.A.B.0/24 of this cluster's own (Linux routes all of 127/8 to `lo`), so
+    each machine's DGL server listens on its own address and runs side by side rarely meet."""
+    if machines == 1:
+        return [LOOPBACK]
+    if machines > 254:
+        raise ClusterError(f"{machines} machines on loopback: at most 254")
+    a, b = random.randrange(1, 255), random.randrange(256)
+    return [f"127.{a}.{b}.{m + 1}" for m in range(machines)]
+
+
+def hold_ports(hosts: list[str], tries: int = 20) -> list[socket.socket]:
+    """One port, free on every one of `hosts`, held on each (hold_port); the DGL servers of all
+    machines listen on the same port (ip_config has one port)."""
+    for _ in range(tries):
+        held = [hold_port(hosts[0])]
+        port = held[0].getsockname()[1]
+        try:
+            for h in hosts[1:]:
+                held.append(hold_port(h, port))
+            return held
+        except OSError:
+            for s in held:
+                s.close()
+    raise ClusterError(f"no port free on all of {', '.join(hosts)} after {tries} tries")
+
+
+def hold_port(host: str = LOOPBACK, port: int = 0) -> socket.socket:
     """A port of `host` bound and held (not listening) for a run's lifetime: SO_REUSEADDR lets
     the process that serves it (the DGL server, which sets it too) bind and listen there, while
     any other socket's bind fails and the kernel never hands the port out for bind(0). Close it
@@ -160,7 +189,7 @@ def hold_port(host: str = LOOPBACK) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.set_inheritable(False)
-    s.bind((host, 0))
+    s.bind((host, port))
     return s
 
 
@@ -243,7 +272,7 @@ class LocalCluster:
             self.use_netns = self._decide_netns()
             _LIVE.add(self)
             if not self.use_netns:
-                self._addresses = [LOOPBACK]
+                self._addresses = loopback_addresses(spec.machines)
                 self.loopback = True
                 return self
             t0 = time.monotonic()
@@ -257,16 +286,12 @@ class LocalCluster:
 
     def _decide_netns(self) -> bool:
         spec = self.spec
-        why_single = ("with every machine at 127.0.0.1 DGL assigns all trainers to machine 0 "
-                      "and the servers overwrite each other's shared memory")
         if spec.netns is False:
-            if spec.machines > 1:
-                raise ClusterError(f"netns=False allows one machine only, {spec.machines} asked: "
-                                   f"{why_single}; emulating several machines needs network "
-                                   "namespaces (root)")
             if spec.bandwidth or spec.bandwidth_schedule:
                 raise ClusterError("bandwidth shaping needs network namespaces (netns=False)")
-            log.info("LocalCluster: one machine on 127.0.0.1 without namespaces (netns=False)")
+            self._check_loopback_machines("netns=False")
+            log.info("LocalCluster: %d machine(s) on loopback without namespaces (netns=False)",
+                     spec.machines)
             return False
         ok, why = nets.netns_available(spec.prefix)
         if ok:
@@ -275,12 +300,26 @@ class LocalCluster:
             raise ClusterError(f"netns=True but network namespaces are unusable: {why}")
         if spec.bandwidth_schedule and shutil.which("tc") is None:
             raise ClusterError("cluster.bandwidth_schedule needs `tc` (iproute2), not found on PATH")
-        if spec.machines > 1 or spec.bandwidth or spec.bandwidth_schedule:
-            what = f"{spec.machines} machines" if spec.machines > 1 else "bandwidth shaping"
-            raise ClusterError(f"{what} need network namespaces, unusable here ({why}); "
-                               f"run as root, or use machines=1 without bandwidth ({why_single})")
-        log.warning("LocalCluster: %s; running one machine on 127.0.0.1 without namespaces", why)
+        if spec.bandwidth or spec.bandwidth_schedule:
+            raise ClusterError(f"bandwidth shaping needs network namespaces, unusable here ({why}); "
+                               "run as root with iproute2, or set cluster.bandwidth: null (unshaped "
+                               "loopback)")
+        self._check_loopback_machines(why)
+        log.warning("LocalCluster: %s; running %d machine(s) on loopback without namespaces "
+                    "(no link shaping)", why, spec.machines)
         return False
+
+    def _check_loopback_machines(self, why: str) -> None:
+        """Several machines on loopback need a private /dev/shm each (DGL names its shared memory
+        without the partition id, so servers on one /dev/shm overwrite each other): root and
+        unshare (util-linux)."""
+        if self.spec.machines == 1:
+            return
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            raise ClusterError(
+                f"{self.spec.machines} machines without network namespaces ({why}) need root and "
+                "`unshare` (util-linux) for a private /dev/shm per machine (DGL's servers on one "
+                "/dev/shm overwrite each other's shared memory); run as root, or use machines=1")
 
     @property
     def addresses(self) -> list[str]:
@@ -357,9 +396,9 @@ class LocalCluster:
 
         dgl_port, master_port = spec.dgl_port, spec.master_port
         if self.loopback:  # the host's loopback is shared with other runs: hold our ports
-            held = hold_port(LOOPBACK)
-            self._held.append(held)
-            dgl_port = held.getsockname()[1]
+            held = hold_ports(self.addresses)
+            self._held.extend(held)
+            dgl_port = held[0].getsockname()[1]
         if spec.machines == 1:  # only machine 0's trainers need it: its supervisor binds and
             master_port = 0     # holds any free port and tells them (no fixed-port clashes)
         ip_config = self.run_dir / "ip_config.txt"
@@ -447,6 +486,8 @@ class LocalCluster:
         common = {"RUDDER_MACHINE_ID": str(m), "RUDDER_NUM_MACHINES": str(n),
                   "RUDDER_MACHINE_ADDR": addr, "RUDDER_ADDRESSES": ",".join(self.addresses),
                   "RUDDER_RUN_DIR": str(self.run_dir), "RUDDER_IP_CONFIG": str(ip_config)}
+        if self.loopback and n > 1:  # no interface has this address: DGL's clients are told it
+            common["RUDDER_DGL_MACHINE_ADDR"] = addr
         dgl = {"DGL_IP_CONFIG": str(ip_config), "DGL_NUM_SERVER": "1",
                "DGL_NUM_CLIENT": str(n * tpm * (1 + spec.samplers_per_trainer)),
                "DGL_CONF_PATH": str(part_config)}
