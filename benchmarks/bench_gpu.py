@@ -6,6 +6,10 @@ the halo buffer's device memory and the model's share of the epoch.
   python benchmarks/bench_gpu.py --dataset synth-bench --machines 2 4 \
       --policies none static lookahead agent --epochs 2 --max-steps 40
 
+Where the model step goes in a trainer (BENCHMARKS.md §8: on an H100 it took 17x its isolated
+time): `--samplers 1` moves sampling out of the trainer's process, `--omp-threads N` sets every
+server's and trainer's threads; the table gives the last epoch alone beside the mean.
+
 Every run asks for train.device=cuda, so a host without a usable GPU fails at once with the
 reason. `--device cpu` runs the same table on the CPU (the same code path; a dry run of the
 script). Prints a Markdown table (paste into BENCHMARKS.md) and writes it and JSON to --out.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -28,6 +33,22 @@ from bench_policies import bench_config, summarize  # noqa: E402
 from rudder.device import DeviceError, resolve  # noqa: E402
 from rudder.records import read_jsonl  # noqa: E402
 from rudder.runner import execute_run  # noqa: E402
+
+
+def last_epoch(run_dir: Path, ranks: int) -> dict:
+    """The last epoch alone (the first carries CUDA's start-up), slowest rank: its time, and the
+    medians over its minibatches of the model step and the in-process sampling (ms)."""
+    last = {}
+    for r in range(ranks):
+        mbs = read_jsonl(run_dir / f"minibatches-r{r}.jsonl")
+        e = max(m["epoch"] for m in mbs)
+        mine = [m for m in mbs if m["epoch"] == e]
+        t = max(x["t_epoch"] for x in read_jsonl(run_dir / f"epochs-r{r}.jsonl") if x["epoch"] == e)
+        if t >= last.get("last_epoch_s", -1):
+            last = {"last_epoch_s": t,
+                    "last_compute_ms": 1e3 * statistics.median(m["t_compute"] for m in mine),
+                    "last_sample_ms": 1e3 * statistics.median(m["t_sample"] for m in mine)}
+    return last
 
 
 def device_figures(run_dir: Path, ranks: int) -> dict:
@@ -60,8 +81,15 @@ def main() -> None:
     ap.add_argument("--runs-dir", default="runs/bench_gpu")
     ap.add_argument("--agent-model", default="qwen2.5-coder-0.5b", help="model of policy `agent`")
     ap.add_argument("--agent-backend", default="inproc", choices=["inproc", "http"])
+    ap.add_argument("--samplers", type=int, default=0, help="train.samplers: DistDGL sampler processes "
+                    "per trainer (0: the loader thread samples, beside the model step in one process)")
+    ap.add_argument("--omp-threads", type=int, default=None, help="OMP_NUM_THREADS (torch and DGL threads) "
+                    "of every server and trainer; default host cores / machines")
     ap.add_argument("--out", default="benchmarks/results/gpu.md")
     args = ap.parse_args()
+    args.samplers_now = args.samplers
+    if args.omp_threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.omp_threads)  # LocalCluster passes it on
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         resolve(args.device)
@@ -79,7 +107,7 @@ def main() -> None:
                 continue
             s = summarize(res.run_dir, machines)
             rows.append({"machines": machines, "policy": policy, "run": res.run_id, "wall_s": time.time() - t0,
-                         **s, **device_figures(res.run_dir, machines)})
+                         **s, **last_epoch(res.run_dir, machines), **device_figures(res.run_dir, machines)})
             write_table(args, rows)  # after every cell: a run cut short keeps what it measured
     print(write_table(args, rows))
 
@@ -92,19 +120,21 @@ def write_table(args, rows: list[dict]) -> str:
         f"({head.get('memory_gib', 0):.0f} GiB; torch {head.get('torch')}, CUDA {head.get('cuda')}, "
         f"{head.get('threads')} thread(s)/trainer), bandwidth {args.bandwidth}, batch {args.batch_size}, "
         f"{args.epochs} epoch(s) x {args.max_steps} minibatches, fraction {args.fraction}, "
-        f"{time.strftime('%Y-%m-%d', time.gmtime())}",
+        f"samplers {args.samplers}, {time.strftime('%Y-%m-%d', time.gmtime())}",
         "",
-        "| machines | policy | trainers on | epoch s | rows fetched / epoch / trainer | hit rate | stall share "
-        "| buffer MiB on device | model share of epoch | val acc |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| machines | policy | trainers on | epoch s | last epoch s | rows fetched / epoch / trainer | hit rate "
+        "| stall share | buffer MiB on device | t_compute / epoch | step ms (last epoch) | sample ms (last epoch) "
+        "| val acc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "failed" in r:
-            lines.append(f"| {r['machines']} | {r['policy']} | FAILED: {r['failed']} | | | | | | | |")
+            lines.append(f"| {r['machines']} | {r['policy']} | FAILED: {r['failed']} |" + " |" * 10)
             continue
         lines.append(f"| {r['machines']} | {r['policy']} | {', '.join(r['devices'])} | {r['epoch_s']:.2f} | "
-                     f"{r['fetched_rows_per_epoch']:.0f} | {r['hit_rate']:.3f} | {100 * r['stall_share']:.1f}% | "
-                     f"{r['buffer_mib']:.1f} | {100 * r['model_share']:.1f}% | {r['val_acc']:.3f} |")
+                     f"{r['last_epoch_s']:.2f} | {r['fetched_rows_per_epoch']:.0f} | {r['hit_rate']:.3f} | "
+                     f"{100 * r['stall_share']:.1f}% | {r['buffer_mib']:.1f} | {100 * r['model_share']:.1f}% | "
+                     f"{r['last_compute_ms']:.1f} | {r['last_sample_ms']:.1f} | {r['val_acc']:.3f} |")
     text = "\n".join(lines)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")
