@@ -248,7 +248,11 @@ def _uses_namespaces(cfg: RunConfig) -> bool:
     if os.environ.get("RUDDER_LAUNCHER", "local") == "slurm":
         return False  # Slurm nodes: loopback is each node's own
     net = cfg.cluster.netns
-    return bool(net) or (net is None and os.geteuid() == 0)
+    if net is None and os.geteuid() == 0:  # what LocalCluster will decide (namespaces if usable)
+        from rudder.cluster import netns_available
+
+        return netns_available()[0]
+    return bool(net)
 
 
 def _is_loopback(host: str) -> bool:
