@@ -239,7 +239,7 @@ class ClusterConfig(Strict):
     # machines are launched (tc; recorded in run.json's link_changes); before the first entry
     # the link runs at `bandwidth`. The replay's time model reads the same schedule.
     bandwidth_schedule: list[tuple[float, str]] | None = None
-    netns: bool | None = None  # None = use network namespaces when root, else one machine
+    netns: bool | None = None  # None = network namespaces when usable (root), else loopback
     start_timeout_s: float = Field(120, gt=0)
     run_timeout_s: float = Field(1800, gt=0)  # the whole run is torn down past this
     # A trainer silent (no minibatch record) this long ends the run, naming the silent and stopped

@@ -63,10 +63,14 @@ launch)` with launch {type: local | slurm, ifname, srun_args} (the execution con
 Files under run_dir: ip_config.txt ("addr port" per machine); logs/machine<m>.{supervisor,server,
 service<j>,trainer<rank>}.log; cluster/machine<m>.{plan,status}.json; cluster/result.json.
 
-Without root (or netns=False) one machine runs on 127.0.0.1 without network namespaces (its
-ports are bound and held for the run: DGL's by the owner, the store's by the supervisor; a server
-is ready when that very process listens; as root it still gets a private /dev/shm); more
-machines or bandwidth shaping then fail with a ClusterError saying why.
+Without namespaces (netns=False, or a host where they cannot be made, e.g. no iproute2) the
+machines run on loopback: one on 127.0.0.1, several each on its own 127.A.B.m (one random /24
+per cluster). Their ports are bound and held for the run (DGL's by the owner on every machine's
+address, the store's by the supervisor); a server is ready when that very process listens. As
+root each machine still gets a private /dev/shm, which several machines need (DGL names its
+shared memory without the partition id); the trainers are told their machine's address
+(RUDDER_DGL_MACHINE_ADDR), since no interface carries it. Several machines without root or
+`unshare`, or bandwidth shaping without namespaces, fail with a ClusterError saying why.
 
 Leftovers: every name carries the cluster's id and is registered (with the owner's pid) before it
 is created, so `cleanup_stale()` (also run by every `start()`) removes what a killed owner left.

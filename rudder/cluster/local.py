@@ -53,7 +53,7 @@ class ClusterSpec:
     # [(t_s, rate), ...]: each link's rate changes to `rate` t_s seconds after a run's machines
     # are launched (LinkScheduler); before the first entry the link runs at `bandwidth`
     bandwidth_schedule: list | None = None
-    netns: bool | None = None  # None: namespaces when usable (root), else one machine on 127.0.0.1
+    netns: bool | None = None  # None: namespaces when usable (root), else loopback (loopback_addresses)
     start_timeout_s: float = 120.0  # launch -> every server listening and every trainer started
     run_timeout_s: float = 1800.0  # launch -> every machine done; the run is torn down past it
     dgl_port: int = 30050  # DGL server port on each machine (per namespace: no clash between runs)
