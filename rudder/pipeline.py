@@ -13,6 +13,13 @@ RPC client, the neighbour sampling of the next minibatches runs while this threa
 none it runs in this thread before the pull. The loader runs on across epoch boundaries, except
 after an epoch the training thread follows with RPC of its own (evaluation: `hold_after`).
 
+The policy's view of the future (a fixed `lookahead` of minibatches sampled ahead; a whole-epoch
+view stays the rest of its epoch) slides on over an epoch's end: once epoch e's last minibatch is sampled, epoch e+1's iterator opens and its first ones are
+sampled as the window needs them, before e's last hand-over (so still before an evaluation
+after e). A round near the end of e then keeps rows that e+1's start uses (a replay of the
+study's synth-medium traces: 1 point fewer rows of `none`, most of the gap to Belady), and the
+replays' view is the same (rudder.sim.replay.PositionTrace.ahead).
+
 sample_next_epoch (prefetch.schedule_ahead): the policy plans over the rest of the epoch as
 sampled so far. Epoch e+1's minibatches are sampled during epoch e, after the hand-overs of e's
 (while the training thread computes), so e+1 starts with nothing left to sample. The first epoch
@@ -38,6 +45,7 @@ from typing import Any, Iterator
 
 import torch
 
+from rudder.config import WHOLE_EPOCH
 from rudder.prefetch.features import BufferedFeatures, FetchStats
 from rudder.prefetch.metrics import MetricsCollector, buffer_state
 from rudder.prefetch.past import PastCounterfactual
@@ -82,6 +90,7 @@ class _Sampled:
     def __init__(self, open_iter, steps: int, remote_ids):
         self.open_iter, self.left, self.remote_ids = open_iter, steps, remote_ids
         self.it = None
+        self.discarded = False
         self.ahead: collections.deque = collections.deque()
         self.done = steps <= 0  # nothing more to sample: the epoch's steps, or the loader ended
 
@@ -113,11 +122,14 @@ class _Sampled:
 
     def finish(self) -> None:
         """No more sampling: an epoch cut short (train.max_steps_per_epoch, the least steps over
-        the ranks) samples no minibatch it will not train (none of its time, and the view stays
-        within the epoch as trained: what the replays see, rudder.sim.replay)."""
-        self.done = True
-        if self.it is not None:
+        the ranks) samples no minibatch it will not train (none of its time, and the view goes
+        from the epoch as trained to the next one's first: what the replays see, rudder.sim.replay)."""
+        if self.it is not None and not self.discarded:
+            # once: the next epoch's iterator may be this same loader object by now (the
+            # window that slides over the boundary opens it), and its pending are the next's
+            self.discarded = True
             discard_pending(self.it)
+        self.done = True
 
 
 class TimedCollate:
@@ -227,7 +239,10 @@ class MinibatchPipeline:
                         self._asked.wait_for(lambda: self._asked_epoch >= epoch or self._stop.is_set())
                 if self._stop.is_set():
                     break
-                nxt = self._sampled(epoch + 1) if self.sample_next_epoch and epoch + 1 < self.epochs else None
+                # the next epoch, opened lazily: sampled during this one with sample_next_epoch,
+                # else only its first minibatches, once this epoch's last one is sampled, for the
+                # window that slides over the boundary (the iterator of one epoch at a time)
+                nxt = self._sampled(epoch + 1) if epoch + 1 < self.epochs else None
                 if not self._load_epoch(epoch, cur, nxt):
                     break
                 cur.finish()
@@ -255,18 +270,24 @@ class MinibatchPipeline:
             cur.fill(1 + depth)  # the current minibatch and the known future
             if not cur.ahead:
                 break
-            self._put(epoch, step, base + step, cur.ahead, t_load)
+            beyond = None
+            if nxt is not None and cur.done and not self.sample_next_epoch and self.lookahead < WHOLE_EPOCH:
+                nxt.fill(1 + depth - len(cur.ahead))  # the window goes on into the next epoch
+                beyond = nxt.ahead
+            self._put(epoch, step, base + step, cur.ahead, t_load, beyond)
             if self.sample_next_epoch:  # after the hand-over: the training thread computes meanwhile
                 _sample_share(cur, nxt, self.steps_per_epoch - step)
-        while nxt is not None and not self._stop.is_set() and nxt.sample():
+        while self.sample_next_epoch and nxt is not None and not self._stop.is_set() and nxt.sample():
             pass  # the rest of e+1 (an epoch shorter than its steps): none after e's end
         return not self._stop.is_set()
 
-    def _put(self, epoch: int, step: int, gstep: int, ahead: collections.deque, t_load: float) -> None:
+    def _put(self, epoch: int, step: int, gstep: int, ahead: collections.deque, t_load: float,
+             beyond: collections.deque | None = None) -> None:
         """Plans, assembles and hands over the first minibatch of `ahead`; the policy sees the
-        next `lookahead` of the rest of the epoch."""
+        next `lookahead` of the rest of the epoch, then of `beyond` (the next epoch's first)."""
         input_nodes, seeds, blocks, t_sample, t_sample_wait, remote = ahead.popleft()
-        future = [a[5] for a in itertools.islice(ahead, self.lookahead)]
+        following = ahead if beyond is None else itertools.chain(ahead, beyond)
+        future = [a[5] for a in itertools.islice(following, self.lookahead)]
         buf = self.feats.buffer
         info = StepInfo(
             epoch=epoch, step=step, global_step=gstep,

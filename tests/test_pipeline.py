@@ -1,7 +1,7 @@
 """rudder.pipeline without a cluster (a plain tensor stands in for the DistTensor): the loader runs
 on across epoch boundaries, except after an epoch the training thread follows with RPC of its own
-(evaluation), the lookahead view of every minibatch stays within its epoch, the rows are the
-tensor's, and the stage times of each record add up."""
+(evaluation), the lookahead view of every minibatch slides on into the next epoch (as the
+replays' does), the rows are the tensor's, and the stage times of each record add up."""
 from __future__ import annotations
 
 import threading
@@ -15,6 +15,8 @@ from rudder.prefetch.metrics import MetricsCollector
 from rudder.prefetch.policy import Policy
 
 N, DIM, STEPS, EPOCHS, AHEAD = 200, 4, 5, 3, 2
+# the sampled-ahead view of each minibatch: the next AHEAD of the run, across epoch boundaries
+VIEW = [(e, s, min(AHEAD, EPOCHS * STEPS - 1 - (e * STEPS + s))) for e in range(EPOCHS) for s in range(STEPS)]
 FEAT = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
 OWNER = lambda ids: (ids >= N // 2).long()  # noqa: E731  (nodes 100.. are remote)
 
@@ -86,8 +88,8 @@ def test_the_loader_runs_on_across_epochs_with_the_same_view():
     got = train(pipe, log, lock, after_last=next_epoch_sampled)
     assert reached.is_set()
     assert got == [(e, s) for e in range(EPOCHS) for s in range(STEPS)]
-    # the sampled-ahead view: min(AHEAD, the rest of the epoch), never the next epoch's
-    assert policy.seen == [(e, s, min(AHEAD, STEPS - 1 - s)) for e in range(EPOCHS) for s in range(STEPS)]
+    # the sampled-ahead view: the next AHEAD minibatches, the next epoch's first at an epoch's end
+    assert policy.seen == VIEW
     assert not pipe._thread.is_alive()
 
 
@@ -95,19 +97,24 @@ def test_the_loader_waits_while_the_training_thread_evaluates():
     evaluates = lambda e: e == 0  # noqa: E731
     pipe, policy, log, lock = make(hold_after=evaluates)
     train(pipe, log, lock, evaluates)
-    # after epoch 0 (evaluated) nothing of epoch 1 is sampled before the evaluation
-    assert log.index(("eval", 0, None)) < log.index(("sample", 1, 0))
-    assert policy.seen == [(e, s, min(AHEAD, STEPS - 1 - s)) for e in range(EPOCHS) for s in range(STEPS)]
+    # after epoch 0 (evaluated) only epoch 1's first AHEAD minibatches are sampled before the
+    # evaluation (for epoch 0's last views, before its last minibatch is handed over), the rest
+    # after it: the loader issues no RPC while the training thread evaluates
+    at = log.index(("eval", 0, None))
+    assert [x for x in log[:at] if x[1] == 1] == [("sample", 1, s) for s in range(AHEAD)]
+    assert all(x[1] == 1 and x[2] >= AHEAD for x in log[at + 1:at + 1 + STEPS - AHEAD])
+    assert policy.seen == VIEW
 
 
 def test_an_epoch_cut_short_samples_only_what_it_trains():
     """The loader's batches beyond the epoch's steps are not sampled (their time is not spent in
-    the loader) and the lookahead view ends with the epoch as trained, as the replays' does."""
+    the loader) and the lookahead view goes from the epoch as trained to the next epoch's first
+    minibatches, as the replays' does."""
     pipe, policy, log, lock = make(batches=STEPS + 4)
     got = train(pipe, log, lock)
     assert got == [(e, s) for e in range(EPOCHS) for s in range(STEPS)]
     assert [x for x in log if x[0] == "sample"] == [("sample", e, s) for e in range(EPOCHS) for s in range(STEPS)]
-    assert policy.seen == [(e, s, min(AHEAD, STEPS - 1 - s)) for e in range(EPOCHS) for s in range(STEPS)]
+    assert policy.seen == VIEW
 
 
 class PooledLoader:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rudder.config import WHOLE_EPOCH
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.metrics import MetricsCollector, buffer_state
 from rudder.prefetch.past import PastCounterfactual
@@ -73,9 +74,12 @@ class PositionTrace:
         return self.views[g]
 
     def ahead(self, g: int, depth: int) -> list[torch.Tensor]:
-        """The minibatches sampled ahead of g: up to `depth`, within g's epoch (as training;
-        depth = config.WHOLE_EPOCH: the rest of the epoch, as with prefetch.schedule_ahead)."""
-        return self.views[g + 1:min(g + 1 + depth, self.ends[g])]
+        """The minibatches sampled ahead of g, as training samples them: the next `depth`, on
+        into the next epoch at an epoch's end (rudder.pipeline); depth = config.WHOLE_EPOCH:
+        the rest of g's epoch, as with prefetch.schedule_ahead."""
+        if depth >= WHOLE_EPOCH:
+            return self.views[g + 1:self.ends[g]]
+        return self.views[g + 1:g + 1 + depth]
 
 
 class Replayer:
