@@ -1,0 +1,57 @@
+#!/bin/bash
+# GPU figures (BENCHMARKS.md §8) on a CUDA host with Python 3.12 and a CUDA torch but no package
+# index and no iproute2 (the emulated machines then run on loopback, unshaped):
+#   scripts/gpu_offline.sh WHEELS_DIR OUT_DIR [figures|matrix|all]
+# WHEELS_DIR holds cp312 wheels fetched elsewhere, e.g.
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
+#     -d WHEELS dgl==2.1.0 torchdata==0.9.0 pydantic==2.14.3 pydantic-core==2.50.4 \
+#     annotated-types typing-inspection duckdb==2.0.1
+# figures: bench_gpu 2 and 4 machines x none/static/lookahead on CUDA, the CPU beside it, a
+#   --check run on CUDA, bench_model and bench_buffer on CUDA (~8 min on an H100 host).
+# matrix: where the trainer's step goes (§8's open question), 2 machines x none/lookahead: as is,
+#   with a sampler process per trainer, with 4 threads per process (~6 min).
+# Every step's output goes to OUT_DIR/log.txt, the tables to OUT_DIR/*.md.
+set -uo pipefail
+WHEELS=${1:?WHEELS_DIR}; OUT=${2:?OUT_DIR}; WHAT=${3:-matrix}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+T0=$(date +%s); stage() { echo "=== [$(( $(date +%s) - T0 )) s] $*"; }
+rudder() { python3 -c "from rudder.cli import main; main()" "$@"; }
+
+stage install
+SITE=${SITE:-/tmp/rudder-site}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
+export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
+TV=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])')
+GB=$(python3 -c "import importlib.util as u, os; print(os.path.dirname(u.find_spec('dgl').origin))")/graphbolt
+SHIM="$GB/libgraphbolt_pytorch_$TV.so"  # dgl 2.1.0 imports graphbolt (ENVIRONMENT.md)
+[ -f "$SHIM" ] || echo "" | gcc -x c -shared -fPIC -o "$SHIM" - || exit 1
+stage probe
+nvidia-smi -L; nproc
+rudder doctor
+stage data
+rudder data generate synth-bench 2>&1 | tail -1
+rudder data partition synth-bench --parts 2 2>&1 | tail -1
+[ "$WHAT" = matrix ] || rudder data partition synth-bench --parts 4 2>&1 | tail -1
+GPU="python3 benchmarks/bench_gpu.py --dataset synth-bench --bandwidth none --epochs 2 --max-steps 40"
+quiet() { grep -v "INFO\|^\["; }
+if [ "$WHAT" != matrix ]; then
+  stage figures
+  timeout 330 $GPU --machines 2 4 --policies none static lookahead --out "$OUT/gpu.md" 2>&1 | quiet
+  timeout 80 rudder run --set dataset.name=synth-bench --set cluster.machines=2 --set train.device=cuda \
+    --set prefetch.policy=lookahead --set train.epochs=1 --set train.max_steps_per_epoch=15 \
+    --set train.eval_every=0 --set cluster.bandwidth=null --set runs_dir=runs/check --check 2>&1 | quiet | tail -12
+  timeout 150 $GPU --machines 2 --policies none lookahead --device cpu --runs-dir runs/bench_cpu \
+    --out "$OUT/gpu_host_cpu.md" 2>&1 | quiet
+  timeout 80 python3 benchmarks/bench_model.py --dataset synth-bench --device cuda --out "$OUT/model_gpu.json" 2>&1 | tail -12
+  timeout 60 python3 benchmarks/bench_buffer.py --device cuda --steps 20 2>&1 | tail -7
+fi
+if [ "$WHAT" != figures ]; then
+  stage matrix
+  timeout 120 $GPU --machines 2 --policies none lookahead --out "$OUT/gpu_asis.md" 2>&1 | quiet
+  timeout 120 $GPU --machines 2 --policies none lookahead --samplers 1 --out "$OUT/gpu_samplers1.md" 2>&1 | quiet
+  timeout 120 $GPU --machines 2 --policies none lookahead --omp-threads 4 --out "$OUT/gpu_omp4.md" 2>&1 | quiet
+fi
+stage done
