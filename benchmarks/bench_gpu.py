@@ -8,7 +8,8 @@ the halo buffer's device memory and the model's share of the epoch.
 
 Where the model step goes in a trainer (BENCHMARKS.md §8: on an H100 it took 17x its isolated
 time): `--samplers 1` moves sampling out of the trainer's process, `--omp-threads N` sets every
-server's and trainer's threads; the table gives the last epoch alone beside the mean.
+server's and trainer's threads; the table gives the last epoch alone beside the mean, with the
+step's backward (where DDP's all-reduce waits for the slower rank) apart.
 
 Every run asks for train.device=cuda, so a host without a usable GPU fails at once with the
 reason. `--device cpu` runs the same table on the CPU (the same code path; a dry run of the
@@ -47,6 +48,7 @@ def last_epoch(run_dir: Path, ranks: int) -> dict:
         if t >= last.get("last_epoch_s", -1):
             last = {"last_epoch_s": t,
                     "last_compute_ms": 1e3 * statistics.median(m["t_compute"] for m in mine),
+                    "last_backward_ms": 1e3 * statistics.median(m.get("t_backward") or 0.0 for m in mine),
                     "last_sample_ms": 1e3 * statistics.median(m["t_sample"] for m in mine)}
     return last
 
@@ -123,18 +125,19 @@ def write_table(args, rows: list[dict]) -> str:
         f"samplers {args.samplers}, {time.strftime('%Y-%m-%d', time.gmtime())}",
         "",
         "| machines | policy | trainers on | epoch s | last epoch s | rows fetched / epoch / trainer | hit rate "
-        "| stall share | buffer MiB on device | t_compute / epoch | step ms (last epoch) | sample ms (last epoch) "
-        "| val acc |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| stall share | buffer MiB on device | t_compute / epoch | step ms (last epoch) | of it backward + all-reduce "
+        "| sample ms (last epoch) | val acc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "failed" in r:
-            lines.append(f"| {r['machines']} | {r['policy']} | FAILED: {r['failed']} |" + " |" * 10)
+            lines.append(f"| {r['machines']} | {r['policy']} | FAILED: {r['failed']} |" + " |" * 11)
             continue
         lines.append(f"| {r['machines']} | {r['policy']} | {', '.join(r['devices'])} | {r['epoch_s']:.2f} | "
                      f"{r['last_epoch_s']:.2f} | {r['fetched_rows_per_epoch']:.0f} | {r['hit_rate']:.3f} | "
                      f"{100 * r['stall_share']:.1f}% | {r['buffer_mib']:.1f} | {100 * r['model_share']:.1f}% | "
-                     f"{r['last_compute_ms']:.1f} | {r['last_sample_ms']:.1f} | {r['val_acc']:.3f} |")
+                     f"{r['last_compute_ms']:.1f} | {r['last_backward_ms']:.1f} | {r['last_sample_ms']:.1f} | "
+                     f"{r['val_acc']:.3f} |")
     text = "\n".join(lines)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")

@@ -113,6 +113,9 @@ class MinibatchRecord:
     admitted_rows: int = _extra(0)  # slots changed (StepStats)
     t_policy: float | None = _extra()  # the loader's seconds in policy.plan + observe
     t_labels: float | None = _extra()  # of t_assemble: the seeds' labels (training only)
+    # of t_compute: backward with DDP's all-reduce, where a rank waits for the slower one, and
+    # the optimizer step (training only); t_compute - t_backward is the forward and the loss
+    t_backward: float | None = _extra()
 
     @classmethod
     def of_step(cls, epoch: int, step: int, global_step: int, stats: StepStats, *, t_sample: float = 0.0,

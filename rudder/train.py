@@ -123,15 +123,19 @@ def main(argv: list[str] | None = None) -> int:
             # half the bytes), the model computes in float32 (cast on the device)
             logits = model(mb.blocks, mb.feats.to(device).float())
             loss = F.cross_entropy(logits, labels)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
             synchronize(device)  # CUDA runs ahead of the host: time the work, not its launch
-            t_compute = pipe.state.last_t_compute = time.perf_counter() - t0
+            t_backward = time.perf_counter()
+            opt.zero_grad()
+            loss.backward()  # DDP's all-reduce: this rank waits here for the slower one
+            opt.step()
+            synchronize(device)
+            now = time.perf_counter()
+            t_backward, t_compute = now - t_backward, now - t0
+            pipe.state.last_t_compute = t_compute
             correct += int((logits.argmax(1) == labels).sum())
             total += int(mb.labels.numel())
             # the loader's record, completed with what only this thread knows
-            rec = dataclasses.replace(mb.record, t_compute=t_compute, t_stall=mb.stall,
+            rec = dataclasses.replace(mb.record, t_compute=t_compute, t_backward=t_backward, t_stall=mb.stall,
                                       loss=float(loss.detach()), t_policy=mb.t_policy,
                                       t_stall_max=slower.result())
             out.write(rec, mb.window, policy.decisions())

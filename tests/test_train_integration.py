@@ -123,8 +123,8 @@ def test_machines_on_loopback_without_namespaces(tmp_path, data_root):
 
 
 def assert_honest_timing(run_dir, ranks: int, sampled_before: bool = False) -> None:
-    """Every minibatch record has the loader's stage times and the slower rank's wait (the max
-    of the ranks' own t_stall at that step); every epoch record the epoch's bounds over all
+    """Every minibatch record has the loader's stage times, the slower rank's wait (the max
+    of the ranks' own t_stall at that step) and the step's backward share; every epoch record the epoch's bounds over all
     ranks, the same on each rank and the same as rudder.bounds computes from the files.
     sampled_before (schedule_ahead, or a lookahead window, which slides on into the next epoch's
     first minibatches): some of an epoch's minibatches were sampled during the one before, but
@@ -145,6 +145,7 @@ def assert_honest_timing(run_dir, ranks: int, sampled_before: bool = False) -> N
             assert m["t_sample"] > 0 and m["t_fetch"] > 0
             assert m["t_load"] >= m["t_plan"] + m["t_fetch"] + m["t_assemble"], m
             assert m["t_stall_max"] == stall[m["global_step"]], m
+            assert 0 < m["t_backward"] < m["t_compute"], m  # of the step: backward, all-reduce, opt
     b = run_bounds(mbs, eps)
     for r, recs in eps.items():
         for e, per in zip(recs, b.per_epoch):
