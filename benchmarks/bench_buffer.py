@@ -31,7 +31,6 @@ def main() -> None:
                     "kernel launch or more if the index lived on a GPU)")
     ap.add_argument("--device", default="cpu", help="where the buffered rows live: cpu | cuda | auto "
                     "(the index stays on the CPU; with cuda, a GPU lookup is timed beside it)")
-    ap.add_argument("--device-lookup-on-cpu", action="store_true", help=argparse.SUPPRESS)  # checks the torch lookup here
     args = ap.parse_args()
     try:
         dev = resolve(args.device)
@@ -59,7 +58,7 @@ def main() -> None:
         t0 = time.perf_counter(); buf.lookup(ids); t.append(time.perf_counter() - t0)
     ids_per_s = sum(m.numel() for m in mbs) / sum(t)
     t_lookup_cpu = statistics.median(t)
-    t_lookup_dev = device_lookup(buf, mbs, dev) if dev.type == "cuda" or args.device_lookup_on_cpu else None
+    t_lookup_dev = device_lookup(buf, mbs, dev) if dev.type == "cuda" else None
     res = {}
     for name, plan in [("bookkeeping only", None), ("fixed round", Replace("massivegnn")),
                        ("lookahead round (k=8, 10%, admit misses)", Replace("lookahead", int(0.1 * cap))),

@@ -14,9 +14,9 @@ none it runs in this thread before the pull. The loader runs on across epoch bou
 after an epoch the training thread follows with RPC of its own (evaluation: `hold_after`).
 
 The policy's view of the future (a fixed `lookahead` of minibatches sampled ahead; a whole-epoch
-view stays the rest of its epoch) slides on over an epoch's end: once epoch e's last minibatch is sampled, epoch e+1's iterator opens and its first ones are
-sampled as the window needs them, before e's last hand-over (so still before an evaluation
-after e). A round near the end of e then keeps rows that e+1's start uses (a replay of the
+view stays the rest of its epoch) slides on over an epoch's end: once epoch e's last minibatch
+is sampled, epoch e+1's iterator opens and its first ones are sampled as the window needs them,
+before e's last hand-over (so still before an evaluation after e). A round near the end of e then keeps rows that e+1's start uses (a replay of the
 study's synth-medium traces: 1 point fewer rows of `none`, most of the gap to Belady), and the
 replays' view is the same (rudder.sim.replay.PositionTrace.ahead).
 
@@ -90,7 +90,6 @@ class _Sampled:
     def __init__(self, open_iter, steps: int, remote_ids):
         self.open_iter, self.left, self.remote_ids = open_iter, steps, remote_ids
         self.it = None
-        self.discarded = False
         self.ahead: collections.deque = collections.deque()
         self.done = steps <= 0  # nothing more to sample: the epoch's steps, or the loader ended
 
@@ -124,12 +123,11 @@ class _Sampled:
         """No more sampling: an epoch cut short (train.max_steps_per_epoch, the least steps over
         the ranks) samples no minibatch it will not train (none of its time, and the view goes
         from the epoch as trained to the next one's first: what the replays see, rudder.sim.replay)."""
-        if self.it is not None and not self.discarded:
-            # once: the next epoch's iterator may be this same loader object by now (the
-            # window that slides over the boundary opens it), and its pending are the next's
-            self.discarded = True
-            discard_pending(self.it)
+        if self.done:  # once: by now the next epoch's iterator may be this same loader object
+            return     # (the window that slides over the boundary opens it), its pending the next's
         self.done = True
+        if self.it is not None:
+            discard_pending(self.it)
 
 
 class TimedCollate:
@@ -246,7 +244,7 @@ class MinibatchPipeline:
                 if not self._load_epoch(epoch, cur, nxt):
                     break
                 cur.finish()
-                cur = nxt if nxt is not None else self._sampled(epoch + 1)
+                cur = nxt  # None after the last epoch
                 self._q.put(_EpochEnd(epoch))
             self._q.put(_Done())
         except BaseException as exc:  # surfaced in the training thread

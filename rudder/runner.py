@@ -247,12 +247,11 @@ def _uses_namespaces(cfg: RunConfig) -> bool:
     """Whether the trainers will run in network namespaces (LocalCluster's choice, as root)."""
     if os.environ.get("RUDDER_LAUNCHER", "local") == "slurm":
         return False  # Slurm nodes: loopback is each node's own
-    net = cfg.cluster.netns
-    if net is None and os.geteuid() == 0:  # what LocalCluster will decide (namespaces if usable)
+    if cfg.cluster.netns is None:  # LocalCluster's choice: namespaces where usable (root, iproute2)
         from rudder.cluster import netns_available
 
         return netns_available()[0]
-    return bool(net)
+    return cfg.cluster.netns
 
 
 def _is_loopback(host: str) -> bool:

@@ -124,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
             logits = model(mb.blocks, mb.feats.to(device).float())
             loss = F.cross_entropy(logits, labels)
             synchronize(device)  # CUDA runs ahead of the host: time the work, not its launch
-            t_backward = time.perf_counter()
+            t1 = time.perf_counter()
             opt.zero_grad()
             loss.backward()  # DDP's all-reduce: this rank waits here for the slower one
             opt.step()
             synchronize(device)
             now = time.perf_counter()
-            t_backward, t_compute = now - t_backward, now - t0
+            t_backward, t_compute = now - t1, now - t0
             pipe.state.last_t_compute = t_compute
             correct += int((logits.argmax(1) == labels).sum())
             total += int(mb.labels.numel())
