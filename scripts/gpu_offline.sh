@@ -24,10 +24,7 @@ stage install
 SITE=${SITE:-/tmp/rudder-site}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
 export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
-TV=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])')
-GB=$(python3 -c "import importlib.util as u, os; print(os.path.dirname(u.find_spec('dgl').origin))")/graphbolt
-SHIM="$GB/libgraphbolt_pytorch_$TV.so"  # dgl 2.1.0 imports graphbolt (ENVIRONMENT.md)
-[ -f "$SHIM" ] || echo "" | gcc -x c -shared -fPIC -o "$SHIM" - || exit 1
+bash scripts/graphbolt_shim.sh python3 || exit 1  # for this host's torch (ENVIRONMENT.md)
 stage probe
 nvidia-smi -L; nproc
 rudder doctor

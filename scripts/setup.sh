@@ -11,7 +11,7 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 CUDA=${CUDA:-0}
-STAMP="$VENV/.rudder-setup-$({ cat requirements.txt scripts/setup.sh pyproject.toml; echo "cuda=$CUDA"; } | sha256sum | cut -c1-16)"
+STAMP="$VENV/.rudder-setup-$({ cat requirements.txt scripts/setup.sh scripts/graphbolt_shim.sh pyproject.toml; echo "cuda=$CUDA"; } | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ]; then exit 0; fi
 echo "[setup] creating $VENV (first time: ~10 minutes, llama.cpp compiles)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
@@ -35,17 +35,7 @@ fi
 export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 $PIP install -r requirements.txt
-# dgl 2.1.0 imports graphbolt unconditionally and looks for a library built for this torch;
-# an empty one lets it import (GraphBolt ops are unused: we never pass use_graphbolt=True).
-GB_DIR=$("$VENV/bin/python" - <<'PY'
-import importlib.util, os
-spec = importlib.util.find_spec("dgl")
-print(os.path.join(os.path.dirname(spec.origin), "graphbolt"))
-PY
-)
-TV=$("$VENV/bin/python" -c "import torch; print(torch.__version__.split('+')[0])")
-SHIM="$GB_DIR/libgraphbolt_pytorch_$TV.so"
-[ -f "$SHIM" ] || echo "" | gcc -x c -shared -fPIC -o "$SHIM" -
+bash scripts/graphbolt_shim.sh "$VENV/bin/python"  # the empty graphbolt library dgl 2.1.0 needs
 $PIP install --no-deps -e .
 DGLBACKEND=pytorch "$VENV/bin/python" -c "import dgl, dgl.distributed, llama_cpp, parsl, duckdb" 
 # numba compiles the buffer's kernels once per host into rudder/prefetch/__pycache__; done here so
