@@ -95,11 +95,12 @@ def drive(a: argparse.Namespace) -> None:
 
     from rudder.cluster import ClusterSpec, LocalCluster
 
-    part = ROOT / "data" / a.dataset / "parts" / "2-metis" / f"{a.dataset}.json"
+    part = Path(a.part_config) if a.part_config else ROOT / "data" / a.dataset / "parts" / "2-metis" / f"{a.dataset}.json"
     if not part.exists():
         sys.exit(f"bench_pulls_in_flight: no 2-part partition at {part}; run `rudder data partition "
                  f"{a.dataset} --parts 2` first")
-    lines = [f"{a.dataset}, 2 machines, both clients pulling at once, {a.pulls} pulls per way, "
+    graph = json.loads(part.read_text())["graph_name"]
+    lines = [f"{graph}, 2 machines, both clients pulling at once, {a.pulls} pulls per way, "
              f"{a.rounds} round(s) in alternating order, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"load {os.getloadavg()[0]:.1f}", "",
              "| link | rows per pull | one in flight: rows/s (median of rounds, slower client) | two in flight | two / one | same rows |",
@@ -109,7 +110,7 @@ def drive(a: argparse.Namespace) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = ClusterSpec(machines=2, bandwidth=None if bw == "none" else bw, rendezvous=False,
                            start_timeout_s=180, run_timeout_s=900)
-        argv = [sys.executable, str(Path(__file__).resolve()), "--client", "--graph", a.dataset,
+        argv = [sys.executable, str(Path(__file__).resolve()), "--client", "--graph", graph,
                 "--pulls", str(a.pulls), "--rounds", str(a.rounds), "--rows", *map(str, a.rows)]
         with LocalCluster(spec, run_dir) as cluster:
             res = cluster.run(str(part), argv)
@@ -122,15 +123,15 @@ def drive(a: argparse.Namespace) -> None:
             lines.append(f"| {bw} | {rows} | {rate['one']:,.0f} | {rate['two']:,.0f} | "
                          f"{rate['two'] / rate['one']:.2f} | {all(c['same_rows'] for c in cells)} |")
         print("\n".join(lines), flush=True)
-    text = "\n".join(lines) + "\n"
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text)
+    Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"-> {a.out}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="synth-medium")
+    ap.add_argument("--part-config", help="a 2-part partition's JSON (default: the dataset's 2-metis one)")
     ap.add_argument("--bandwidth", nargs="+", default=["100mbit", "none"], help="tbf rate per link; none = unshaped")
     ap.add_argument("--rows", type=int, nargs="+", default=[2000, 10000, 40000])
     ap.add_argument("--pulls", type=int, default=20)
