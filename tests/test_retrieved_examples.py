@@ -134,14 +134,16 @@ def test_the_pool_is_held_out_from_the_evaluated_traces():
 @pytest.mark.parametrize("scenario", list(EVALUATED_DIGESTS))
 def test_no_evaluated_window_is_in_the_pool(scenario):
     """Where the evaluated trace is on disk: another trace (digest, partition) and no pool
-    window with the remote rows the evaluated trace has in the same window."""
+    window with the remote rows the evaluated trace has in the same window. A trace regenerated
+    on another host has another digest than EVALUATED_DIGESTS' (METIS and the loader shuffle do
+    not reproduce: Trace.digest); it is held out from the pool all the same."""
     from rudder.trace import Trace
 
     path = ROOT / "data" / "traces" / "baselines" / scenario / "trace-r0.npz"
     if not path.exists():
         pytest.skip(f"{path} not generated (bench_baselines.py makes it)")
     t = Trace.load(path)
-    assert t.digest()[:12] == EVALUATED_DIGESTS[scenario] != POOL_DIGEST
+    assert t.digest()[:12] != POOL_DIGEST
     assert t.part_id == 0 != PAST_CONTEXT["part_id"]
     sizes = t.sizes()
     remote = np.add.reduceat(sizes, np.arange(0, len(sizes), 5))  # per window of 5 minibatches
