@@ -83,8 +83,7 @@ def client(a: argparse.Namespace) -> None:
                 t0 = time.perf_counter()
                 (one_in_flight if way == "one" else two_in_flight)(batches)
                 times[way].append(time.perf_counter() - t0)
-        results.append({"rows": rows, "bytes_per_row": feat.shape[1] * feat.dtype.itemsize if hasattr(
-            feat.dtype, "itemsize") else feat.shape[1] * 4, "pulls": a.pulls, "same_rows": same, **times})
+        results.append({"rows": rows, "pulls": a.pulls, "same_rows": same, **times})
     Path(os.environ["RUDDER_RUN_DIR"], f"pulls-m{me}.json").write_text(json.dumps(results))
     g.barrier()
     dgl.distributed.exit_client()
