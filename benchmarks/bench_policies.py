@@ -7,6 +7,8 @@ ratios to `none`, %-hits as a fraction of Belady's over all remote nodes on the 
 `--samplers 0 1` runs every cell with each number of DistDGL sampler processes per trainer
 (train.samplers: 0 = sampling in the loader thread before the pull), side by side; each row
 also shows the epoch against its pipeline and compute-only bounds (rudder.bounds).
+`--pulls 1 2` runs every cell (with samplers >= 1) with each number of feature pulls in flight
+(train.pulls_in_flight); the ratios are to `none` with the first of them.
 
 Prints a Markdown table (paste into BENCHMARKS.md) and writes it to --out.
 """
@@ -34,7 +36,8 @@ def bench_config(args, machines: int, bandwidth: str | None, **prefetch) -> RunC
         "dataset": {"name": args.dataset, "root": getattr(args, "data_root", "data")},
         "train": {"epochs": args.epochs, "batch_size": args.batch_size,
                   "max_steps_per_epoch": args.max_steps, "eval_every": 0,
-                  "samplers": getattr(args, "samplers_now", 0)},
+                  "samplers": getattr(args, "samplers_now", 0),
+                  "pulls_in_flight": getattr(args, "pulls_now", 1)},
         "prefetch": prefetch,
         "cluster": {"machines": machines, "bandwidth": None if bandwidth == "none" else bandwidth,
                     "run_timeout_s": 3600},
@@ -102,6 +105,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--samplers", type=int, nargs="+", default=[0],
                     help="DistDGL sampler processes per trainer; several: each, side by side")
+    ap.add_argument("--pulls", type=int, nargs="+", default=[1],
+                    help="feature pulls in flight (train.pulls_in_flight; >1 needs --samplers >= 1)")
     ap.add_argument("--runs-dir", default="runs/bench")
     ap.add_argument("--data-root", default="data", help="where the datasets and their partitions are")
     ap.add_argument("--agent-model", default="qwen2.5-coder-0.5b", help="model of policy `agent`")
@@ -110,32 +115,36 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     rows = []
-    cells = [(m, f, p, s) for m in args.machines for f in args.fractions for p in args.policies
-             for s in args.samplers]
-    base: dict = {}  # (machines, samplers) -> `none`'s summary: one run serves every fraction
-    for machines, frac, policy, samplers in cells:
-        if policy == "none" and (machines, samplers) in base:
-            rows.append((machines, frac, policy, samplers, base[machines, samplers],
-                         base[machines, samplers]))
+    cells = [(m, f, p, s, k) for m in args.machines for f in args.fractions for p in args.policies
+             for s in args.samplers for k in args.pulls]
+    # (machines, samplers) -> `none`'s summary with the first --pulls: the ratios' base;
+    # (machines, samplers, pulls) -> `none`'s summary: one run serves every fraction
+    base: dict = {}
+    nones: dict = {}
+    for machines, frac, policy, samplers, pulls in cells:
+        key = (machines, samplers)
+        if policy == "none" and (*key, pulls) in nones:
+            rows.append((machines, frac, policy, (samplers, pulls), nones[(*key, pulls)], base[key]))
             continue
-        args.samplers_now = samplers
+        args.samplers_now, args.pulls_now = samplers, pulls
         cfg = bench_config(args, machines, args.bandwidth, policy=policy, prefetch_fraction=frac)
         t0 = time.time()
         res = execute_run(cfg)
         if not res.ok:
-            rows.append((machines, frac, policy, samplers, f"FAILED: {res.reason}"))
+            rows.append((machines, frac, policy, (samplers, pulls), f"FAILED: {res.reason}"))
             continue
         s = summarize(res.run_dir, machines)
         s["belady_hits"] = belady_hits(res.run_dir, machines) if policy != "none" else 0
         s["wall_s"] = time.time() - t0
         if policy == "none":
-            base[machines, samplers] = s
-        rows.append((machines, frac, policy, samplers, s, base.get((machines, samplers))))
+            nones[(*key, pulls)] = s
+            base.setdefault(key, s)
+        rows.append((machines, frac, policy, (samplers, pulls), s, base.get(key)))
     lines = [
         f"dataset {args.dataset}, bandwidth {args.bandwidth}, batch {args.batch_size}, "
         f"{args.epochs} epoch(s) x {args.max_steps} minibatches, 1 trainer/machine",
         "",
-        "| machines | fraction | policy | samplers | rows fetched / none | epoch time / none | %-hits "
+        "| machines | fraction | policy | samplers, pulls in flight | rows fetched / none | epoch time / none | %-hits "
         "| hits / Belady (all remote nodes) | buffer overhead | policy time (share, max ms) | stall share | val acc "
         "| epoch s (slowest rank) | pipeline bound s | epoch / pipeline | compute-only s "
         "| epoch / compute | loader ms/minibatch: sample, waited, pull, assemble, total | compute ms |",
@@ -143,14 +152,14 @@ def main() -> None:
     ]
     for row in rows:
         if isinstance(row[4], str):
-            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]} |" + " |" * 14)
+            lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {row[3][0]}, {row[3][1]} | {row[4]} |" + " |" * 14)
             continue
-        m, f, p, ns, s, base = row
+        m, f, p, (ns, npulls), s, base = row
         rr = s["fetched_rows_per_epoch"] / base["fetched_rows_per_epoch"] if base else float("nan")
         tr = s["epoch_s"] / base["epoch_s"] if base else float("nan")
         hb = s["hits"] / s["belady_hits"] if s["belady_hits"] else float("nan")
         label = f"{p} ({s['applied']}/{s['decisions']} decisions applied)" if "decisions" in s else p
-        lines.append(f"| {m} | {f} | {label} | {ns} | {rr:.2f} | {tr:.2f} | {100 * s['hit_rate']:.1f} | {hb:.2f} | "
+        lines.append(f"| {m} | {f} | {label} | {ns}, {npulls} | {rr:.2f} | {tr:.2f} | {100 * s['hit_rate']:.1f} | {hb:.2f} | "
                      f"{100 * s['buffer_share']:.1f}% | {100 * s['policy_share']:.2f}%, {s['policy_ms_max']:.1f} | "
                      f"{100 * s['stall_share']:.1f}% | {s['val_acc']:.3f} | {s['slowest_epoch_s']:.2f} | "
                      f"{s['pipeline_s']:.2f} | {s['over_pipeline']:.2f} | {s['compute_s']:.2f} | "

@@ -74,6 +74,11 @@ class TrainConfig(Strict):
     # DistDGL sampler processes per trainer (DGL_NUM_SAMPLER): they sample the next minibatches
     # while the trainer's loader pulls features; 0 = sampling in the loader thread, before the pull
     samplers: int = Field(0, ge=0)
+    # Feature pulls on the wire at once: 2 sends the next minibatch's pull before this one's rows
+    # are received, so the link does not idle while the loader plans and assembles
+    # (rudder.prefetch.pulls; BENCHMARKS §13). >1 needs samplers >= 1: sampling in the loader
+    # thread is DGL RPC, which would take a pending pull's response.
+    pulls_in_flight: int = Field(1, ge=1, le=8)
     # The features-free bound, measured: no remote row is pulled or buffered (each is a copy of a
     # local row), while sampling (the policy's sample-ahead schedule, the samplers), compute and the
     # host's contention stay the run's own. Its epoch time is what the run would take if remote
@@ -83,6 +88,14 @@ class TrainConfig(Strict):
     @model_validator(mode="after")
     def _free_is_unchecked(self):
         refuse_check_of_free(self.features_free, self.check_features)
+        return self
+
+    @model_validator(mode="after")
+    def _pulls_beside_sampling(self):
+        if self.pulls_in_flight > 1 and self.samplers < 1:
+            raise ValueError(f"train.pulls_in_flight {self.pulls_in_flight} needs train.samplers >= 1 "
+                             "(sampling in the loader thread is DGL RPC: it would take a pending "
+                             "pull's response); set train.samplers: 1 or pulls_in_flight: 1")
         return self
 
     @field_validator("fanouts", mode="before")

@@ -13,6 +13,11 @@ RPC client, the neighbour sampling of the next minibatches runs while this threa
 none it runs in this thread before the pull. The loader runs on across epoch boundaries, except
 after an epoch the training thread follows with RPC of its own (evaluation: `hold_after`).
 
+With train.pulls_in_flight 2 the loader starts minibatch i+1 (plans it, commits its round to the
+buffer's index, sends its pull) before it receives i's rows and hands i over, so the link
+carries i+1's rows while the loader assembles i (rudder.prefetch.step says why the buffer stays
+right). The policy then plans i+1 before it observes i; an epoch's end receives everything.
+
 The policy's view of the future (a fixed `lookahead` of minibatches sampled ahead; a whole-epoch
 view stays the rest of its epoch) slides on over an epoch's end: once epoch e's last minibatch
 is sampled, epoch e+1's iterator opens and its first ones are sampled as the window needs them,
@@ -170,6 +175,7 @@ class MinibatchPipeline:
         hold_after=None,  # epoch -> True: the training thread issues DGL RPC after it (evaluation)
         sample_next_epoch: bool = False,  # sample epoch e+1 during e (schedule_ahead)
         start_depth: int | None = None,  # sample_next_epoch: the first epoch's future at its start
+        pulls_in_flight: int = 1,  # >1: the next minibatches' pulls are sent before this one's is received
     ):
         self.sample_iter_factory = sample_iter_factory
         self.feats = feats
@@ -185,6 +191,8 @@ class MinibatchPipeline:
         self.sample_next_epoch = sample_next_epoch
         self.start_depth = lookahead if start_depth is None else min(start_depth, lookahead)
         self.state = PipelineState()
+        self.pulls_in_flight = pulls_in_flight
+        self._pending: collections.deque[_Started] = collections.deque()
         # the window records' past counterfactual when the policy wants it (the replay's code)
         self.past = PastCounterfactual(getattr(policy, "past_rounds", None))
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -275,14 +283,28 @@ class MinibatchPipeline:
             self._put(epoch, step, base + step, cur.ahead, t_load, beyond)
             if self.sample_next_epoch:  # after the hand-over: the training thread computes meanwhile
                 _sample_share(cur, nxt, self.steps_per_epoch - step)
+        self._drain()
         while self.sample_next_epoch and nxt is not None and not self._stop.is_set() and nxt.sample():
             pass  # the rest of e+1 (an epoch shorter than its steps): none after e's end
         return not self._stop.is_set()
 
     def _put(self, epoch: int, step: int, gstep: int, ahead: collections.deque, t_load: float,
              beyond: collections.deque | None = None) -> None:
-        """Plans, assembles and hands over the first minibatch of `ahead`; the policy sees the
-        next `lookahead` of the rest of the epoch, then of `beyond` (the next epoch's first)."""
+        """Starts the first minibatch of `ahead` (`_start`) and hands over the oldest started
+        one once `pulls_in_flight` have their pulls on the wire."""
+        self._pending.append(self._start(epoch, step, gstep, ahead, t_load, beyond))
+        if len(self._pending) >= self.pulls_in_flight:
+            self._finish(self._pending.popleft())
+
+    def _drain(self) -> None:
+        """Hands over every started minibatch (an epoch's end: nothing stays in flight over it)."""
+        while self._pending:
+            self._finish(self._pending.popleft())
+
+    def _start(self, epoch: int, step: int, gstep: int, ahead: collections.deque, t_load: float,
+               beyond: collections.deque | None = None) -> _Started:
+        """Plans the first minibatch of `ahead` and sends its pull; the policy sees the next
+        `lookahead` of the rest of the epoch, then of `beyond` (the next epoch's first)."""
         input_nodes, seeds, blocks, t_sample, t_sample_wait, remote = ahead.popleft()
         following = ahead if beyond is None else itertools.chain(ahead, beyond)
         future = [a[5] for a in itertools.islice(following, self.lookahead)]
@@ -299,36 +321,63 @@ class MinibatchPipeline:
             self.policy.start(lambda: buffer_state(buf, [remote, *future]))
         plan = self.policy.plan(info) if buf is not None else None
         t_pol = time.perf_counter() - t_pol  # the agent's cost to training: queue polls only
-        t_plan = t_pol
         if self.trace_writer is not None:
             self.trace_writer.add(epoch, remote, input_rows=int(input_nodes.numel()))
         if buf is not None:
             self.past.step(buf, remote, future)
         t_asm = time.perf_counter()
-        x, stats = self.feats.fetch(input_nodes, plan, future, remote=remote)
+        fetch = self.feats.start(input_nodes, plan, future, remote=remote)
+        t_end = time.perf_counter()
+        return _Started(epoch, step, gstep, blocks, seeds, input_nodes, t_sample, t_sample_wait,
+                        future, fetch, t_pol, t_pol, t_end - t_asm, t_end - t_load)
+
+    def _finish(self, s: _Started) -> None:
+        """Receives a started minibatch's rows and hands it over."""
+        t0 = time.perf_counter()
+        x, stats = self.feats.finish(s.fetch)
         t_labels = time.perf_counter()
-        y = self.labels[seeds]
+        y = self.labels[s.seeds]
         t_labels = time.perf_counter() - t_labels
-        t_asm = time.perf_counter() - t_asm - stats.t_fetch  # all but the pull itself
+        t_asm = s.t_assemble + time.perf_counter() - t0 - stats.t_fetch  # all but the pull itself
         bad = 0
         if self.check:  # here, not in the training thread: DGL RPC stays on one thread
-            bad = int((x != self.feats.dist_feat[input_nodes].to(x.device)).any(dim=1).sum())
+            bad = int((x != self.feats.pull(s.input_nodes).to(x.device)).any(dim=1).sum())
         # the window aggregates see the training thread's last compute and stall times
-        rec = MinibatchRecord.of_step(epoch, step, gstep, stats, t_sample=t_sample,
+        rec = MinibatchRecord.of_step(s.epoch, s.step, s.gstep, stats, t_sample=s.t_sample,
                                       t_compute=self.state.last_t_compute,
                                       t_stall=self.state.last_t_stall,
-                                      t_sample_wait=t_sample_wait, t_plan=t_plan,
+                                      t_sample_wait=s.t_sample_wait, t_plan=s.t_plan,
                                       t_assemble=max(t_asm, 0.0), t_labels=t_labels)
         record = rec.to_dict()
-        window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, future, roll=True))
+        window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, s.future, roll=True))
         if window is not None:
             self.past.close(window)  # before the policy observes it (t_past_cf: its seconds)
         t_obs = time.perf_counter()
         self.policy.observe(record, window)
-        t_pol += time.perf_counter() - t_obs
-        rec.t_load = time.perf_counter() - t_load
-        self._q.put(Minibatch(epoch, step, gstep, blocks, x, y, input_nodes, stats, t_sample,
+        t_pol = s.t_policy + time.perf_counter() - t_obs
+        rec.t_load = s.t_load + time.perf_counter() - t0  # the loader's own time on it
+        self._q.put(Minibatch(s.epoch, s.step, s.gstep, s.blocks, x, y, s.input_nodes, stats, s.t_sample,
                               window, mismatched_rows=bad, t_policy=t_pol, record=rec))
+
+
+@dataclass
+class _Started:
+    """A minibatch planned and its pull sent, not yet handed over (MinibatchPipeline._start)."""
+
+    epoch: int
+    step: int
+    gstep: int
+    blocks: Any
+    seeds: torch.Tensor
+    input_nodes: torch.Tensor
+    t_sample: float
+    t_sample_wait: float
+    future: list
+    fetch: Any  # BufferedFeatures.start's PendingFetch
+    t_plan: float
+    t_policy: float  # so far: plan (observe is added at the hand-over)
+    t_assemble: float  # so far: the start's, pull send included (its t_fetch is subtracted)
+    t_load: float  # so far: from the loader's turn on it to its pull sent
 
 
 def _sample_share(cur: _Sampled, nxt: _Sampled | None, slots: int) -> None:

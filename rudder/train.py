@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     policy = NoBufferPolicy() if tc.features_free else make_policy(pc, **policy_extras(cfg))
     feats, fill = feature_path(part, pc, policy.uses_buffer, seed=tc.seed + part.rank, device=device,
                                free_remote=tc.features_free)
+    if tc.pulls_in_flight > 1:  # every pull of the loader thread, the check's too, through it
+        from rudder.prefetch.pulls import DGLPulls
+
+        feats.pulls = DGLPulls()
     # schedule_ahead samples epoch e+1 while e trains (with samplers > 0 it collects what the
     # sampler processes sampled meanwhile); all of e+1 before e ends: DGL's sampler pool has no
     # locking and evaluation, in this thread, shares it
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         hold_after=evaluates,  # the loader waits while this thread evaluates (DGL RPC)
         sample_next_epoch=next_epoch,
         start_depth=pc.lookahead,  # the first epoch starts once 1 + lookahead are sampled
+        pulls_in_flight=tc.pulls_in_flight,
     )
     out = RecordFiles(args.run_dir, part.rank)
     (args.run_dir / f"context-r{part.rank}.json").write_text(json.dumps(ctx.__dict__, default=str))
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     out.close()
     checked.save(args.run_dir, part.rank)
     summary = {"rank": part.rank, "part_id": int(part.part_id), "mismatched_rows": checked.mismatches,
-               "checked": check}
+               "checked": check, "most_pulls_in_flight": feats.pulls.most_in_flight}
     if feats.buffer is not None and feats.buffer.index is not None:  # the remote universe seen
         held = len(feats.buffer.index)  # distinct remote ids held (all seen, unless it filled)
         summary.update(universe_held=held, capacity_frac_remote=fill.capacity / max(held, 1))

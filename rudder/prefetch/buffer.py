@@ -283,8 +283,9 @@ class HaloBuffer:
         """Memory of the buffered rows on their device."""
         return self.feats.numel() * self.feats.element_size()
 
-    def _write(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
-        """Rows into slots; rows pulled on the CPU cross to the device here (newcomers only)."""
+    def write_rows(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
+        """Rows into slots (of ids `apply` put there); rows pulled on the CPU cross to the
+        device here (newcomers only)."""
         if _byte_rows(self.feats, feats):  # CPU, same dtype: one numpy copy of whole rows
             _rows(self.feats)[slots.cpu().numpy()] = _rows(feats)
             return
@@ -585,7 +586,7 @@ class HaloBuffer:
         self._filled = int(np.count_nonzero(self.slot_pos.numpy() >= 0))
         self._suffix = bool((self.slot_pos.numpy()[:self._filled] >= 0).all())
         if self.store_features and feats is not None:
-            self._write(slots, feats)
+            self.write_rows(slots, feats)
 
     def apply(self, slots: torch.Tensor, new_ids: torch.Tensor, feats: torch.Tensor | None = None):
         """Puts new_ids into slots, with the score hand-over of the reference: the evicted node's
@@ -606,7 +607,7 @@ class HaloBuffer:
             slot_of, slot_pos, score, miss_count, _ = self._views()
             self._note_filled(*k.apply(slot_pos, slot_of, score, miss_count, sl, npos))
             if self.store_features and feats is not None:
-                self._write(slots, feats)
+                self.write_rows(slots, feats)
             return
         slot_pos, slot_of = self.slot_pos.numpy(), self.slot_of.numpy()
         score, miss_count = self.score.numpy(), self.miss_count.numpy()
@@ -621,7 +622,7 @@ class HaloBuffer:
         slot_pos[sl] = npos
         slot_of[npos] = sl
         if self.store_features and feats is not None:
-            self._write(slots, feats)
+            self.write_rows(slots, feats)
 
     def _note_filled(self, filled: int, top: int) -> None:
         """`filled` empty slots were just filled, the highest `top`: they were the lowest empty

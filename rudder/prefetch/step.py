@@ -5,10 +5,16 @@ Training (rudder.prefetch.features) and the simulator (rudder.sim) both call `be
   1. lookup          split remote ids into hits (slots) and misses
   2. record          decay scores, count misses (not on a replacement minibatch: the reference)
   3. plan            the policy's Replace, if any, picks (victim slots, newcomer ids)
-  4. [caller]        gathers hit rows from the buffer, then pulls misses + newcomers in ONE pull
-  5. finish_step     writes newcomers into their slots
-Hit rows are copied out (4) before slots are overwritten (5), and the buffer is touched only by
+  4. commit_step     puts the newcomers into the index (which id is in which slot)
+  5. [caller]        pulls misses + newcomers in ONE pull, gathers hit rows from the buffer
+  6. finish_step     writes the newcomers' rows into their slots (commits first if 4 was skipped)
+Hit rows are copied out (5) before slots are overwritten (6), and the buffer is touched only by
 the thread that runs steps, so a minibatch never reads a buffer that changes under it.
+
+With two pulls in flight (train.pulls_in_flight) the next minibatch's steps 1-4 run while this
+one's rows are on the wire: its lookup and plan see this one's newcomers already (4), and since
+the rows arrive in order, this one's 5-6 run before the next one's, so every hit reads the row
+its slot held when it was looked up (a slot the next round evicts keeps its old row until then).
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ class StepPlan:
     t_buffer: float  # seconds spent in lookup + bookkeeping + planning
     missed_pos: torch.Tensor | None = None  # halo positions of the misses that are halo nodes
     is_halo: torch.Tensor | None = None  # over remote ids: which are halo nodes
+    committed: bool = False  # the newcomers are in the index (commit_step)
+    newcomer_rows: torch.Tensor | None = None  # each newcomer's index in pull_ids (commit_step)
 
     @property
     def pull_ids(self) -> torch.Tensor:
@@ -69,18 +77,28 @@ def begin_step(
                     missed_pos, is_halo)
 
 
+def commit_step(buffer: HaloBuffer, step: StepPlan) -> None:
+    """Puts the newcomers into the buffer's index (their rows come with the pull: finish_step):
+    from here a lookup finds them. Once per step."""
+    if step.committed:
+        return
+    step.committed = True
+    if step.newcomers.numel():
+        if buffer.store_features:  # before apply: it consumes the plan's memo of their positions
+            step.newcomer_rows = _rows_in_pull(buffer, step)
+        buffer.apply(step.victims, step.newcomers)
+
+
 def finish_step(
     buffer: HaloBuffer, step: StepPlan, pulled: torch.Tensor | None = None, rows_of: torch.Tensor | None = None
 ) -> float:
-    """Writes the newcomers; `pulled` holds the rows of step.pull_ids (None in simulation), at
-    positions `rows_of` (default: in pull_ids order)."""
+    """Writes the newcomers (committing them first if the caller has not); `pulled` holds the
+    rows of step.pull_ids (None in simulation), at positions `rows_of` (default: in pull_ids order)."""
     t0 = time.perf_counter()
-    if step.newcomers.numel():
-        feats = None
-        if pulled is not None and buffer.store_features:
-            where = _rows_in_pull(buffer, step)
-            feats = pulled.index_select(0, where if rows_of is None else rows_of[where])
-        buffer.apply(step.victims, step.newcomers, feats)
+    commit_step(buffer, step)
+    if pulled is not None and step.newcomer_rows is not None:
+        where = step.newcomer_rows
+        buffer.write_rows(step.victims, pulled.index_select(0, where if rows_of is None else rows_of[where]))
     return time.perf_counter() - t0
 
 
