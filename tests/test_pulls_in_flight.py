@@ -80,9 +80,10 @@ def run(pulls_in_flight: int, check: bool = False):
     return got, feats.pulls, buf
 
 
-def test_two_in_flight_hand_over_the_same_rows_and_decisions():
+@pytest.mark.parametrize("pulls", [2, 3])
+def test_pulls_in_flight_hand_over_the_same_rows_and_decisions(pulls):
     one, wire1, _ = run(1)
-    two, wire2, buf = run(2)
+    two, wire2, buf = run(pulls)
     assert len(one) == len(two) == STEPS * EPOCHS
     for (ids1, x1, st1, _, _), (ids2, x2, st2, _, _) in zip(one, two):
         assert torch.equal(ids1, ids2)
@@ -92,7 +93,7 @@ def test_two_in_flight_hand_over_the_same_rows_and_decisions():
     buf.verify()
     filled = torch.nonzero(buf.slot_pos >= 0).flatten()
     assert torch.equal(buf.feats[filled], FEAT[buf.halo[buf.slot_pos[filled]]])  # each slot: its id's row
-    assert wire1.most_in_flight == 1 and wire2.most_in_flight == 2
+    assert wire1.most_in_flight == 1 and wire2.most_in_flight == pulls
 
 
 def test_the_next_pull_is_sent_before_this_one_is_received_and_none_over_an_epoch_end():
