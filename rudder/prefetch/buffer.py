@@ -261,12 +261,7 @@ class HaloBuffer:
         page faults each minibatch). The scratch never
         leaves this call, so reusing it is safe while earlier outputs are still being trained on;
         the thread that runs steps is the only caller."""
-        if _byte_rows(out, self.feats):  # both CPU, row-contiguous, same dtype: whole rows' bytes
-            k = jit.kernels()
-            if k is not None:  # one compiled pass, no temporary
-                k.copy_rows(_words(out), rows.cpu().numpy(), _words(self.feats), slots.cpu().numpy())
-                return
-            _rows(out)[rows.cpu().numpy()] = _rows(self.feats).take(slots.cpu().numpy())  # (2-3x index_select+index_copy_)
+        if copy_rows(out, rows, self.feats, slots):  # both CPU: whole rows' bytes
             return
         n = slots.numel()
         if self._scratch is None or self._scratch.shape[0] < n or self._scratch.dtype != self.feats.dtype:
@@ -678,6 +673,25 @@ def _byte_rows(*ts: torch.Tensor) -> bool:
     t0 = ts[0]
     return all(t.device.type == "cpu" and t.dim() == 2 and t.is_contiguous() and t.dtype == t0.dtype
                and t.shape[1] == t0.shape[1] and t.shape[1] > 0 for t in ts)
+
+
+def copy_rows(out: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, slots: torch.Tensor | None = None) -> bool:
+    """out[rows] = src[slots] (src's rows in order without `slots`) as whole rows' bytes, bit for
+    bit, in one pass (the compiled kernel where numba is there: no temporary; 2-3x faster than
+    index_select + index_copy_, ~7x than a torch fancy assignment). False, nothing copied, unless
+    both are row-contiguous CPU tensors of one dtype (_byte_rows)."""
+    if not _byte_rows(out, src):
+        return False
+    r = rows.cpu().numpy()
+    if slots is None:  # a contiguous source: one numpy pass
+        _rows(out)[r] = _rows(src)
+        return True
+    k = jit.kernels()
+    if k is not None:
+        k.copy_rows(_words(out), r, _words(src), slots.cpu().numpy())
+    else:
+        _rows(out)[r] = _rows(src).take(slots.cpu().numpy())
+    return True
 
 
 def _rows(t: torch.Tensor) -> np.ndarray:

@@ -163,7 +163,7 @@ class BufferedFeatures:
         return out, st
 
     def pull(self, ids: torch.Tensor) -> torch.Tensor:
-        """A plain pull of `ids` now (the check's), safe while other pulls are in flight."""
+        """A plain pull of `ids` now (the check's: DGL's own), safe while other pulls are in flight."""
         return self.pulls.pull(self.dist_feat, ids)
 
     def _to_device(self, rows: torch.Tensor) -> torch.Tensor:
