@@ -281,8 +281,7 @@ class HaloBuffer:
     def write_rows(self, slots: torch.Tensor, feats: torch.Tensor) -> None:
         """Rows into slots (of ids `apply` put there); rows pulled on the CPU cross to the
         device here (newcomers only)."""
-        if _byte_rows(self.feats, feats):  # CPU, same dtype: one numpy copy of whole rows
-            _rows(self.feats)[slots.cpu().numpy()] = _rows(feats)
+        if copy_rows(self.feats, slots, feats):  # CPU, same dtype: whole rows' bytes
             return
         self.feats.index_copy_(0, slots.to(self.feats.device), feats.to(self.feats.device, self.feats.dtype))
 
