@@ -64,11 +64,12 @@ def sampled(epoch: int):
         yield collate(torch.randperm(N // 4, generator=g)[:8])
 
 
-def run(pulls_in_flight: int, check: bool = False):
+def run(pulls_in_flight: int, check: bool = False, compact: bool = False):
     halo = torch.arange(N // 4, N)
     buf = HaloBuffer(halo, 40, DIM)
     buf.fill(halo[:40], FEAT[halo[:40]])
     feats = BufferedFeatures(FEAT, OWNER, 0, buf, local_id=0)
+    feats.compact = compact  # the GPU's assembly (the pull leaves the hits out), run on the CPU
     feats.pulls = WirePulls()
     pipe = MinibatchPipeline(sampled, feats, torch.arange(N) % 3, EveryStep(), MetricsCollector(4),
                              STEPS, EPOCHS, AHEAD, queue_size=2, check=check, pulls_in_flight=pulls_in_flight)
@@ -81,10 +82,10 @@ def run(pulls_in_flight: int, check: bool = False):
     return got, feats.pulls, buf
 
 
-@pytest.mark.parametrize("pulls", [2, 3])
-def test_pulls_in_flight_hand_over_the_same_rows_and_decisions(pulls):
-    one, wire1, _ = run(1)
-    two, wire2, buf = run(pulls)
+@pytest.mark.parametrize("pulls, compact", [(2, False), (3, False), (2, True)])
+def test_pulls_in_flight_hand_over_the_same_rows_and_decisions(pulls, compact):
+    one, wire1, _ = run(1, compact=compact)
+    two, wire2, buf = run(pulls, compact=compact)
     assert len(one) == len(two) == STEPS * EPOCHS
     for (ids1, x1, st1, _, _), (ids2, x2, st2, _, _) in zip(one, two):
         assert torch.equal(ids1, ids2)
