@@ -33,7 +33,8 @@ def bench_config(args, machines: int, bandwidth: str | None, **prefetch) -> RunC
              "backend": getattr(args, "agent_backend", "inproc")}
     return RunConfig.model_validate({
         "agent": agent,
-        "dataset": {"name": args.dataset, "root": getattr(args, "data_root", "data")},
+        "dataset": {"name": args.dataset, "root": getattr(args, "data_root", "data"),
+                    "feature_dtype": getattr(args, "feature_dtype", "float32")},
         "train": {"epochs": args.epochs, "batch_size": args.batch_size,
                   "max_steps_per_epoch": args.max_steps, "eval_every": 0,
                   "samplers": getattr(args, "samplers_now", 0),
@@ -107,6 +108,8 @@ def main() -> None:
                     help="DistDGL sampler processes per trainer; several: each, side by side")
     ap.add_argument("--pulls", type=int, nargs="+", default=[1],
                     help="feature pulls in flight (train.pulls_in_flight; >1 needs --samplers >= 1)")
+    ap.add_argument("--feature-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                    help="features as stored by the servers and moved on the wire (dataset.feature_dtype)")
     ap.add_argument("--runs-dir", default="runs/bench")
     ap.add_argument("--data-root", default="data", help="where the datasets and their partitions are")
     ap.add_argument("--agent-model", default="qwen2.5-coder-0.5b", help="model of policy `agent`")
@@ -141,7 +144,7 @@ def main() -> None:
             base.setdefault(key, s)
         rows.append((machines, frac, policy, (samplers, pulls), s, base.get(key)))
     lines = [
-        f"dataset {args.dataset}, bandwidth {args.bandwidth}, batch {args.batch_size}, "
+        f"dataset {args.dataset} ({args.feature_dtype}), bandwidth {args.bandwidth}, batch {args.batch_size}, "
         f"{args.epochs} epoch(s) x {args.max_steps} minibatches, 1 trainer/machine",
         "",
         "| machines | fraction | policy | samplers, pulls in flight | rows fetched / none | epoch time / none | %-hits "
