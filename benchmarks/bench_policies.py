@@ -120,14 +120,13 @@ def main() -> None:
     rows = []
     cells = [(m, f, p, s, k) for m in args.machines for f in args.fractions for p in args.policies
              for s in args.samplers for k in args.pulls]
-    # (machines, samplers) -> `none`'s summary with the first --pulls: the ratios' base;
-    # (machines, samplers, pulls) -> `none`'s summary: one run serves every fraction
-    base: dict = {}
+    # (machines, samplers, pulls) -> `none`'s summary: one run serves every fraction; the
+    # ratios' base is `none` with the first --pulls
     nones: dict = {}
     for machines, frac, policy, samplers, pulls in cells:
-        key = (machines, samplers)
-        if policy == "none" and (*key, pulls) in nones:
-            rows.append((machines, frac, policy, (samplers, pulls), nones[(*key, pulls)], base[key]))
+        base = nones.get((machines, samplers, args.pulls[0]))
+        if policy == "none" and (machines, samplers, pulls) in nones:
+            rows.append((machines, frac, policy, (samplers, pulls), nones[machines, samplers, pulls], base))
             continue
         args.samplers_now, args.pulls_now = samplers, pulls
         cfg = bench_config(args, machines, args.bandwidth, policy=policy, prefetch_fraction=frac)
@@ -140,9 +139,9 @@ def main() -> None:
         s["belady_hits"] = belady_hits(res.run_dir, machines) if policy != "none" else 0
         s["wall_s"] = time.time() - t0
         if policy == "none":
-            nones[(*key, pulls)] = s
-            base.setdefault(key, s)
-        rows.append((machines, frac, policy, (samplers, pulls), s, base.get(key)))
+            nones[machines, samplers, pulls] = s
+        rows.append((machines, frac, policy, (samplers, pulls), s,
+                     nones.get((machines, samplers, args.pulls[0]))))
     lines = [
         f"dataset {args.dataset} ({args.feature_dtype}), bandwidth {args.bandwidth}, batch {args.batch_size}, "
         f"{args.epochs} epoch(s) x {args.max_steps} minibatches, 1 trainer/machine",

@@ -329,7 +329,7 @@ class MinibatchPipeline:
         fetch = self.feats.start(input_nodes, plan, future, remote=remote)
         t_end = time.perf_counter()
         return _Started(epoch, step, gstep, blocks, seeds, input_nodes, t_sample, t_sample_wait,
-                        future, fetch, t_pol, t_pol, t_end - t_asm, t_end - t_load)
+                        future, fetch, t_pol, t_end - t_asm, t_end - t_load)
 
     def _finish(self, s: _Started) -> None:
         """Receives a started minibatch's rows and hands it over."""
@@ -354,7 +354,7 @@ class MinibatchPipeline:
             self.past.close(window)  # before the policy observes it (t_past_cf: its seconds)
         t_obs = time.perf_counter()
         self.policy.observe(record, window)
-        t_pol = s.t_policy + time.perf_counter() - t_obs
+        t_pol = s.t_plan + time.perf_counter() - t_obs
         rec.t_load = s.t_load + time.perf_counter() - t0  # the loader's own time on it
         self._q.put(Minibatch(s.epoch, s.step, s.gstep, s.blocks, x, y, s.input_nodes, stats, s.t_sample,
                               window, mismatched_rows=bad, t_policy=t_pol, record=rec))
@@ -374,8 +374,7 @@ class _Started:
     t_sample_wait: float
     future: list
     fetch: Any  # BufferedFeatures.start's PendingFetch
-    t_plan: float
-    t_policy: float  # so far: plan (observe is added at the hand-over)
+    t_plan: float  # the policy's plan (its observe is added at the hand-over: t_policy)
     t_assemble: float  # so far: the start's, pull send included (its t_fetch is subtracted)
     t_load: float  # so far: from the loader's turn on it to its pull sent
 
