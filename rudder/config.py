@@ -141,7 +141,8 @@ def check_policy_name(name: str) -> None:
 
 
 # sample_ahead with prefetch.schedule_ahead: more than any epoch's minibatches. The loader and the
-# replays stop at the epoch's end, so this is "the rest of the epoch".
+# replays show what is sampled: the rest of the epoch, then the next epoch's so far
+# (rudder.pipeline.known_ahead).
 WHOLE_EPOCH = 1 << 40
 
 
@@ -168,7 +169,8 @@ class PrefetchConfig(Strict):
     period: int = Field(25, gt=0)  # fixed policy replaces every `period` minibatches
     lookahead: int = Field(8, ge=0)  # minibatches sampled ahead: 8 got 0.95-0.99 of Belady's hits
     # Know each epoch's minibatches ahead and keep them (blocks included: memory
-    # grows with the epoch), so the lookahead round plans over the rest of the epoch (RapidGNN's
+    # grows with the epoch), so the lookahead round plans over the rest of the epoch and what of the
+    # next one is sampled so far (RapidGNN's
     # schedule; issue 17). Epoch e+1 is sampled while e trains (only the first epoch waits, for
     # its first 1 + `lookahead` minibatches; its rest is sampled during it; the loader holds
     # about one epoch's minibatches), with train.samplers 0 in the loader thread, with samplers

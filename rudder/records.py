@@ -246,7 +246,7 @@ class WindowRecord:
     # that minibatch's decay, if not hit; rudder.prefetch.metrics.buffer_state)
     stale_half: int | None = _extra()
     # how many sampled-ahead minibatches lookahead_missing counts over: `lookahead`, or under
-    # prefetch.schedule_ahead what of the epoch's rest is sampled so far (it grows in epoch 1)
+    # prefetch.schedule_ahead what is sampled so far: the epoch's rest, then the next epoch's
     lookahead_minibatches: int | None = _extra()
 
     def to_dict(self) -> dict[str, Any]:

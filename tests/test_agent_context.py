@@ -245,7 +245,7 @@ def test_schedule_ahead_is_said_as_the_rest_of_the_epoch():
         assert "sampled ahead: the rest of the epoch lacks 9,000 nodes" in j and "next 3" not in j
         # the record says how much of the epoch's rest is sampled so far (it grows in the first epoch)
         j = ContextBuilder(c, "judge").render_window({**WINDOW, "lookahead_minibatches": 12}, [0.45])
-        assert "sampled ahead: the next 12 minibatches (the epoch's rest sampled so far) lack 9,000 nodes" in j
+        assert "sampled ahead: the next 12 minibatches (all sampled so far, on into the next epoch) lack 9,000 nodes" in j
         # the design hash (templates, schema) is the run's, not the depth's: the KV cache holds
         assert b.hash == ContextBuilder(ctx(), "reason-first").hash
     plain = ContextBuilder(ctx(), "reason-first")

@@ -40,13 +40,34 @@ def test_the_replay_policy_spec_takes_epoch_as_the_depth():
         parse_policy("lookahead:soon")
 
 
-def test_the_window_is_the_rest_of_the_epoch():
+def test_the_loaders_schedule_by_hand():
+    """known_ahead on epochs of 4 with start depth 1: the first epoch plans its first minibatch
+    with 1 sampled ahead, then samples two per hand-over (its rest, then the next epoch's), later
+    epochs one of the next per hand-over; the last epoch sees its own rest."""
+    from rudder.pipeline import known_ahead
+
+    assert known_ahead([4, 4, 4], 1) == [2, 4, 6, 7, 8, 9, 10, 11, 12, 12, 12, 12]
+    assert known_ahead([3], 8) == [3, 3, 3]
+    assert known_ahead([4, 4], WHOLE_EPOCH) == [4, 5, 6, 7, 8, 8, 8, 8]
+
+
+def test_the_replays_window_is_what_the_loader_sampled():
+    """With the whole epoch scheduled ahead the replay's view of minibatch g is what the loader
+    has sampled when it plans g: the rest of g's epoch and the next epoch's so far (the live
+    loader's own futures are compared with the same schedule below), the first epoch starting
+    from its start depth."""
+    from rudder.pipeline import known_ahead
+
     t = random_trace(halo=200, minibatches=30, batch=20, epochs=3, seed=1)
-    pt = PositionTrace(t)
+    pt = PositionTrace(t, start_depth=2)
+    known = known_ahead([10, 10, 10], 2)
     for g in range(len(pt)):
         end = (g // 10 + 1) * 10  # 10 minibatches per epoch
         got = pt.ahead(g, WHOLE_EPOCH)
-        assert [x.data_ptr() for x in got] == [pt.remote(j).data_ptr() for j in range(g + 1, end)]
+        assert [x.data_ptr() for x in got] == [pt.remote(j).data_ptr() for j in range(g + 1, known[g])]
+        assert known[g] <= min(end + 10, 30)  # never beyond the next epoch
+        assert known[g] >= (end if g >= 10 else min(end, g + 3))  # the rest of later epochs whole
+    assert len(pt.ahead(9, WHOLE_EPOCH)) > 0 and len(pt.ahead(29, WHOLE_EPOCH)) == 0
 
 
 @pytest.mark.parametrize("admit", ["misses", "any"])
@@ -54,9 +75,11 @@ def test_whole_epoch_round_equals_the_scratch_next_use(monkeypatch, admit):
     """Epochs of 100 minibatches (beyond the old 62-minibatch ring): the round planned from the
     incremental next use makes exactly the choices of the one computed from scratch each step,
     and in a run of one epoch the rest of the epoch is what a depth of one epoch gives (over
-    several, a fixed depth slides on into the next epoch; the whole-epoch view does not)."""
+    several, both go on into the next epoch: a fixed depth as far as it reaches, the whole-epoch
+    view as far as the next epoch is sampled)."""
     t = random_trace(halo=300, minibatches=200, batch=40, epochs=2, skew=0.8, seed=3)
-    spec = f"lookahead:epoch:0.2:{admit}"
+    # a first epoch starts with prefetch.lookahead sampled ahead: here the whole epoch
+    spec = parse_policy(f"lookahead:epoch:0.2:{admit}", PrefetchConfig(lookahead=100))
     inc = simulate(t, spec, verify=True)
     one = random_trace(halo=300, minibatches=100, batch=40, epochs=1, skew=0.8, seed=3)
     whole, deep = simulate(one, spec), simulate(one, f"lookahead:100:0.2:{admit}")
@@ -66,9 +89,10 @@ def test_whole_epoch_round_equals_the_scratch_next_use(monkeypatch, admit):
         assert (inc.counts[k] == scratch.counts[k]).all(), k
         assert (whole.counts[k] == deep.counts[k]).all(), k
     assert inc.total("admitted_rows") > 0  # the round did replace
-    # and planning deeper than 8 changed something on this trace (the depth is honoured)
-    eight = simulate(t, f"lookahead:8:0.2:{admit}")
-    assert any((inc.counts[k] != eight.counts[k]).any() for k in COUNTS)
+    # and planning deeper than 2 changed something on this trace (the depth is honoured; with
+    # admit any and both views going on into the next epoch, 8 and the epoch choose alike here)
+    two = simulate(t, f"lookahead:2:0.2:{admit}")
+    assert any((inc.counts[k] != two.counts[k]).any() for k in COUNTS)
 
 
 def test_the_loader_samples_the_whole_epoch_ahead_and_shows_the_rest_of_it():
@@ -261,21 +285,34 @@ def _interleaved(evaluates=lambda e: False, eval_seconds=0.0, epochs=3, start_de
     return log, futures, trace.remote, STEPS
 
 
-def test_the_next_epoch_is_sampled_while_this_one_trains_and_the_view_stays_in_it():
+def _sampled_so_far(futures, remote, steps, epochs, start_depth):
+    """Asserts that each minibatch was planned over exactly what known_ahead says the loader had
+    sampled: the rest of its epoch, then the next epoch's first ones, in order."""
+    from rudder.pipeline import known_ahead
+
+    order = [remote[e, j] for e in range(epochs) for j in range(steps)]
+    known = known_ahead([steps] * epochs, start_depth)
+    for (e, s), fut in futures.items():
+        g = e * steps + s
+        want = order[g + 1:known[g]]
+        assert len(fut) == len(want) and all(a.equal(b) for a, b in zip(fut, want)), (e, s)
+    return known
+
+
+def test_the_next_epoch_is_sampled_while_this_one_trains_and_the_view_goes_into_it():
     """schedule_ahead with sample_next_epoch: epoch e+1's minibatches are sampled during epoch e
     (from its first minibatch on) and all of them before e+1's first minibatch is planned, so
-    only epoch 0 starts by sampling; each minibatch is still planned over the rest of its own
-    epoch only (the future lists are exactly epoch e's remaining minibatches), and the loader
-    never holds more than one epoch's sampled minibatches."""
+    only epoch 0 starts by sampling; each minibatch is planned over the rest of its own epoch
+    and what of the next is sampled so far (exactly known_ahead's schedule, which the replays
+    use), and the loader never holds more than one epoch's sampled minibatches."""
     log, futures, remote, STEPS = _interleaved()
     epochs = 3
     for e in range(epochs - 1):
         first_plan = log.index(("plan", e + 1, 0))
         assert all(log.index(("sample", e + 1, s)) < first_plan for s in range(STEPS))
         assert log.index(("sample", e + 1, 0)) < log.index(("plan", e, 1))  # during epoch e
-    for (e, s), fut in futures.items():
-        want = [remote[e, j] for j in range(s + 1, STEPS)]
-        assert len(fut) == len(want) and all(a.equal(b) for a, b in zip(fut, want)), (e, s)
+    _sampled_so_far(futures, remote, STEPS, epochs, WHOLE_EPOCH)
+    assert len(futures[0, STEPS - 1]) == STEPS - 1  # the next epoch's all but one, at e's last
     held = 0  # sampled, not yet planned
     for kind, *_ in log:
         held += {"sample": 1, "plan": -1}.get(kind, 0)
@@ -330,19 +367,17 @@ def _held(log):
 def test_the_first_epoch_starts_after_its_lookahead_and_samples_its_rest_during_it(loader_cls):
     """No bubble: the first epoch's first minibatch is planned (and handed over) once 1 +
     start_depth of its minibatches are sampled, not the whole epoch; the policy's future is
-    what of the rest of its epoch is sampled so far (at least start_depth, growing to the whole
-    rest); the rest of the first epoch is sampled during it, and all of the second before the
+    what is sampled so far (at least start_depth, growing to the whole rest and on into the next
+    epoch); the rest of the first epoch is sampled during it, and all of the second before the
     first's end (no sampling while the training thread evaluates), within one epoch's memory."""
     D, STEPS = 2, ResettingLoader.BATCHES
     log, futures, remote, _ = _interleaved(lambda e: True, eval_seconds=0.05, start_depth=D,
                                            loader_cls=loader_cls)
     first_plan = log.index(("plan", 0, 0))
     assert [x for x in log[:first_plan] if x[0] == "sample"] == [("sample", 0, s) for s in range(D + 1)]
-    for (e, s), fut in futures.items():  # a prefix of the rest of its own epoch, never beyond it
-        want = [remote[e, j] for j in range(s + 1, STEPS)]
-        assert min(D, len(want)) <= len(fut) <= len(want), (e, s)
-        assert all(a.equal(b) for a, b in zip(fut, want)), (e, s)
-    assert len(futures[0, 2]) == STEPS - 3  # the first epoch's rest was sampled during it
+    known = _sampled_so_far(futures, remote, STEPS, 3, D)  # what was sampled, the replays' schedule
+    assert known[0] == 1 + D and all(len(futures[0, s]) >= D for s in range(STEPS))
+    assert len(futures[0, 2]) > STEPS - 3  # the first epoch's rest was sampled during it, then e+1's
     for e in range(3):
         start = log.index(("eval", e, "start"))
         assert log[start + 1] == ("eval", e, "end")  # nothing of the loader in between

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rudder.config import RunConfig
+from rudder.pipeline import known_ahead
 from rudder.records import read_jsonl
 from rudder.runner import execute_run
 
@@ -198,14 +199,16 @@ def test_schedule_ahead_with_sampler_processes(tmp_path, data_root):
         assert steps > 3 and [(m["epoch"], m["step"]) for m in mbs] == [
             (e, s) for e in range(3) for s in range(steps)]
         assert all(e["val_acc"] is not None for e in eps)
-        # each window says how much of its epoch's rest was sampled when it closed: at least the
-        # lookahead (what is left of it near the end), never beyond the epoch
+        # each window says how many minibatches were sampled ahead when it closed: exactly the
+        # schedule the replays use (the rest of its epoch, then the next one's so far)
+        known = known_ahead([steps] * 3, 2)
         wins = read_jsonl(res.run_dir / f"windows-r{r}.jsonl")
         assert wins
         for w in wins:
-            rest = steps - 1 - w["last_step"] % steps
+            g = w["last_step"]
             n = w.get("lookahead_minibatches", 0)  # absent when nothing is left to sample ahead
-            assert min(2, rest) <= n <= rest, (w["last_step"], n)
+            assert n == known[g] - g - 1, (g, n)
+        assert any(w.get("lookahead_minibatches", 0) > steps - 1 - w["last_step"] % steps for w in wins)
 
 
 def test_two_pulls_in_flight_on_a_real_cluster(tmp_path, data_root):

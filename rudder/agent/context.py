@@ -840,8 +840,8 @@ class ContextBuilder:
         if c.schedule_ahead:  # epochs sampled ahead (rudder.pipeline._sample_share), not `lookahead` minibatches
             la = ("each epoch's minibatches are sampled ahead: the first epoch's while it trains (it starts once its "
                   f"first {1 + c.lookahead} are sampled), each later epoch's whole while the epoch before trains, so what "
-                  "of the rest of the epoch is sampled is known ahead (lookahead on: replace = a round every "
-                  "minibatch, planned over the rest of the epoch sampled so far)")
+                  "is sampled is known ahead (lookahead on: replace = a round every minibatch, planned over the "
+                  "rest of the epoch and the next epoch's minibatches sampled so far)")
         elif c.lookahead > 0:
             la = f"the next {c.lookahead} minibatches are sampled ahead (lookahead on: replace = a round every minibatch)"
         else:
@@ -970,13 +970,13 @@ class ContextBuilder:
             if line:
                 lines.append(line)
         if c.depth > 0 and sig["missing_share"] is not None:
-            n = w.get("lookahead_minibatches")  # schedule_ahead: how much of the epoch's rest is sampled so far
+            n = w.get("lookahead_minibatches")  # schedule_ahead: how much is sampled so far
             if not c.schedule_ahead:
                 ahead = f"the next {c.lookahead} minibatches lack"
             elif n is None:
                 ahead = "the rest of the epoch lacks"
             else:
-                ahead = f"the next {n} minibatches (the epoch's rest sampled so far) lack"
+                ahead = f"the next {n} minibatches (all sampled so far, on into the next epoch) lack"
             s = (f"sampled ahead: {ahead} {_num(w.get('lookahead_missing'))} "
                  f"nodes ({_pct(sig['missing_share'], 0)} of capacity)")
             if sig["drift_pt"] is not None:

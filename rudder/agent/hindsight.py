@@ -231,7 +231,7 @@ class _Forks:
         self.recorded = [int(m["hits"]) for m in sorted(
             read_jsonl(run_dir / f"minibatches-r{rank}.jsonl"), key=lambda m: m["global_step"])]
         self.S, self.W = trace.num_minibatches, pc.window
-        self.pt = PositionTrace(trace)
+        self.pt = PositionTrace(trace, start_depth=pc.lookahead)
         actions = RecordedActions(self.decisions, self.mech, self.budget, C, self.admit,
                                   _fallback_policy(run_dir, ctx, pc), self.S, self.evict, self.period)
         self.run = BufferReplayer(self.pt, actions, C, alpha=pc.alpha, period=pc.period, depth=depth,

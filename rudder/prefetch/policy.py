@@ -101,14 +101,15 @@ class RunContext:
     extra: dict[str, Any] = field(default_factory=dict)
     # prefetch.schedule_ahead on a policy that samples ahead: each epoch's minibatches are all
     # sampled by its start (the first epoch's: 1 + lookahead of them, the rest during it), so the
-    # round (and the prompt) see the rest of the epoch (as sampled so far), not `lookahead`
-    # minibatches (config.sample_ahead)
+    # round (and the prompt) see the rest of the epoch (as sampled so far) and then what of the
+    # next epoch is sampled, not `lookahead` minibatches (config.sample_ahead)
     schedule_ahead: bool = False
 
     @property
     def depth(self) -> int:
         """Minibatches known ahead of the current one: `lookahead`, or with schedule_ahead the
-        rest of the epoch (config.WHOLE_EPOCH); > 0 means the lookahead mechanism."""
+        rest of the epoch and the next one's so far (config.WHOLE_EPOCH); > 0 means the
+        lookahead mechanism."""
         return WHOLE_EPOCH if self.schedule_ahead else self.lookahead
 
 

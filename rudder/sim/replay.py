@@ -53,10 +53,15 @@ class PositionTrace:
     universe="remote": positions over every remote id of the trace (halo ∪ accessed, dense
     0..U-1); a remote-universe buffer then indexes them through its own bounded RemoteIndex."""
 
-    def __init__(self, trace: Trace, universe: str = "halo"):
+    def __init__(self, trace: Trace, universe: str = "halo", start_depth: int | None = None):
+        """start_depth: prefetch.lookahead, the first epoch's view at its start under
+        schedule_ahead (None: the default's)."""
+        from rudder.config import PrefetchConfig
         from rudder.sim.oracle import all_remote
 
         self.trace, self.universe = trace, universe
+        self.start_depth = PrefetchConfig().lookahead if start_depth is None else start_depth
+        self._known: list[int] | None = None
         self.space = all_remote(trace) if universe == "remote" else trace  # whose halo numbers ids
         self.ids = torch.from_numpy(position_ids(self.space))
         self.off = trace.offsets.tolist()
@@ -75,10 +80,16 @@ class PositionTrace:
 
     def ahead(self, g: int, depth: int) -> list[torch.Tensor]:
         """The minibatches sampled ahead of g, as training samples them: the next `depth`, on
-        into the next epoch at an epoch's end (rudder.pipeline); depth = config.WHOLE_EPOCH:
-        the rest of g's epoch, as with prefetch.schedule_ahead."""
+        into the next epoch at an epoch's end (rudder.pipeline); depth = config.WHOLE_EPOCH
+        (prefetch.schedule_ahead): what the loader has sampled when it plans g, the rest of g's
+        epoch and the next epoch's so far (rudder.pipeline.known_ahead)."""
         if depth >= WHOLE_EPOCH:
-            return self.views[g + 1:self.ends[g]]
+            if self._known is None:
+                from rudder.pipeline import known_ahead
+
+                lengths = np.diff(np.unique([0, *self.ends])).tolist()
+                self._known = known_ahead(lengths, self.start_depth)
+            return self.views[g + 1:self._known[g]]
         return self.views[g + 1:g + 1 + depth]
 
 

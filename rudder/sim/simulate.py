@@ -14,7 +14,7 @@ Policy names take their knobs after colons, in the order each policy declares th
 (`Policy.knobs`); a comma list is a grid:
   fixed[:PERIOD[:ALPHA]]          fixed:10,25,50
   lookahead[:DEPTH[:BUDGET[:ADMIT]]]  lookahead:1,3:0.01,0.05:misses,any
-                                  (DEPTH `epoch`: the rest of the epoch, prefetch.schedule_ahead)
+                                  (DEPTH `epoch`: prefetch.schedule_ahead, what the loader sampled)
   classifier:NAME                 agent   none   static   lru   lfu   s3fifo   sieve   belady
 
 Results are per-minibatch records with the MINIBATCH_FIELDS of training (timings 0, loss null,
@@ -315,7 +315,7 @@ def _simulate_buffer(trace, spec, C, init, rank, source, agent_sync, agent_wait_
 
     pc = spec.prefetch
     pol = make_policy(pc, **spec.extra)
-    pt = PositionTrace(trace, pc.universe)
+    pt = PositionTrace(trace, pc.universe, start_depth=pc.lookahead)
     if not pol.uses_buffer:  # plain DistDGL: every remote row pulled every time
         t0 = time.perf_counter()
         counts = replay(pt, NoBufferReplayer())
