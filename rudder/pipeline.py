@@ -16,7 +16,9 @@ after an epoch the training thread follows with RPC of its own (evaluation: `hol
 With train.pulls_in_flight 2 the loader starts minibatch i+1 (plans it, commits its round to the
 buffer's index, sends its pull) before it receives i's rows and hands i over, so the link
 carries i+1's rows while the loader assembles i (rudder.prefetch.step says why the buffer stays
-right). The policy then plans i+1 before it observes i; an epoch's end receives everything.
+right). The policy then plans i+1 before it observes i. Pulls stay in flight over an epoch's
+end (its end is handed over after its last minibatch, whenever that is received) unless the
+training thread evaluates after it, or it is the last: then the end receives everything.
 
 The policy's view of the future (a fixed `lookahead` of minibatches sampled ahead; a whole-epoch
 view stays the rest of its epoch) slides on over an epoch's end: once epoch e's last minibatch
@@ -256,7 +258,6 @@ class MinibatchPipeline:
                     break
                 cur.finish()
                 cur = nxt  # None after the last epoch
-                self._q.put(_EpochEnd(epoch))
             self._q.put(_Done())
         except BaseException as exc:  # surfaced in the training thread
             self._q.put(_Done(exc))
@@ -288,9 +289,16 @@ class MinibatchPipeline:
             self._put(epoch, step, base + step, cur.ahead, t_load, beyond)
             if self.sample_next_epoch:  # after the hand-over: the training thread computes meanwhile
                 _sample_share(cur, nxt, self.steps_per_epoch - step)
-        self._drain()
+        # pulls stay in flight into the next epoch when no RPC of the training thread follows
+        carry = self._pending and nxt is not None and not self.hold_after(epoch)
+        if not carry:
+            self._drain()
         while self.sample_next_epoch and nxt is not None and not self._stop.is_set() and nxt.sample():
             pass  # the rest of e+1 (an epoch shorter than its steps): none after e's end
+        if carry:
+            self._pending[-1].ends.append(epoch)  # its hand-over ends the epoch
+        else:
+            self._q.put(_EpochEnd(epoch))
         return not self._stop.is_set()
 
     def _put(self, epoch: int, step: int, gstep: int, ahead: collections.deque, t_load: float,
@@ -302,7 +310,8 @@ class MinibatchPipeline:
             self._finish(self._pending.popleft())
 
     def _drain(self) -> None:
-        """Hands over every started minibatch (an epoch's end: nothing stays in flight over it)."""
+        """Hands over every started minibatch (an epoch's end that the training thread follows
+        with RPC of its own, or the last: nothing stays in flight over it)."""
         while self._pending:
             self._finish(self._pending.popleft())
 
@@ -363,6 +372,8 @@ class MinibatchPipeline:
         rec.t_load = s.t_load + time.perf_counter() - t0  # the loader's own time on it
         self._q.put(Minibatch(s.epoch, s.step, s.gstep, s.blocks, x, y, s.input_nodes, stats, s.t_sample,
                               window, mismatched_rows=bad, t_policy=t_pol, record=rec))
+        for epoch in s.ends:
+            self._q.put(_EpochEnd(epoch))
 
 
 @dataclass
@@ -382,6 +393,9 @@ class _Started:
     t_plan: float  # the policy's plan (its observe is added at the hand-over: t_policy)
     t_assemble: float  # so far: the start's, pull send included (its t_fetch is subtracted)
     t_load: float  # so far: from the loader's turn on it to its pull sent
+    # the epochs its hand-over ends (its own, when it is the last one and the next epoch
+    # started before it was received; an epoch with no minibatch too)
+    ends: list = field(default_factory=list)
 
 
 def _sample_share(cur: _Sampled, nxt: _Sampled | None, slots: int) -> None:

@@ -64,7 +64,7 @@ def sampled(epoch: int):
         yield collate(torch.randperm(N // 4, generator=g)[:8])
 
 
-def run(pulls_in_flight: int, check: bool = False, compact: bool = False):
+def run(pulls_in_flight: int, check: bool = False, compact: bool = False, evaluates=None):
     halo = torch.arange(N // 4, N)
     buf = HaloBuffer(halo, 40, DIM)
     buf.fill(halo[:40], FEAT[halo[:40]])
@@ -72,13 +72,16 @@ def run(pulls_in_flight: int, check: bool = False, compact: bool = False):
     feats.compact = compact  # the GPU's assembly (the pull leaves the hits out), run on the CPU
     feats.pulls = WirePulls()
     pipe = MinibatchPipeline(sampled, feats, torch.arange(N) % 3, EveryStep(), MetricsCollector(4),
-                             STEPS, EPOCHS, AHEAD, queue_size=2, check=check, pulls_in_flight=pulls_in_flight)
+                             STEPS, EPOCHS, AHEAD, queue_size=2, check=check, pulls_in_flight=pulls_in_flight,
+                             hold_after=evaluates)
     got = []
     for epoch in range(EPOCHS):
-        for mb in pipe.epoch(epoch):
+        for step, mb in enumerate(pipe.epoch(epoch)):
+            assert (mb.epoch, mb.step) == (epoch, step)  # each epoch hands over its own, in order
             st = mb.stats
             got.append((mb.input_nodes, mb.feats, (st.hits, st.misses, st.replaced_rows, st.admitted_rows),
                         mb.mismatched_rows, mb.record.t_load))
+    assert len(got) == STEPS * EPOCHS
     return got, feats.pulls, buf
 
 
@@ -98,14 +101,22 @@ def test_pulls_in_flight_hand_over_the_same_rows_and_decisions(pulls, compact):
     assert wire1.most_in_flight == 1 and wire2.most_in_flight == pulls
 
 
-def test_the_next_pull_is_sent_before_this_one_is_received_and_none_over_an_epoch_end():
+def test_the_next_pull_is_sent_before_this_one_is_received_also_over_an_epoch_end():
     _, wire, _ = run(2)
     ev = wire.events
     # minibatch k+1's pull goes out before k's rows are taken, within an epoch ...
     assert ev[:3] == [("send", 1), ("send", 2), ("receive", 1)]
-    # ... and an epoch's last pull is received before the next epoch's first is sent
+    # ... and over an epoch's end that no evaluation follows: the next epoch's first pull goes
+    # out before the epoch's last is received (its end is handed over after that minibatch)
+    assert ev.index(("send", STEPS + 1)) < ev.index(("receive", STEPS))
+    assert ev[-1] == ("receive", STEPS * EPOCHS)  # the run's last end receives everything
+
+
+def test_no_pull_in_flight_over_an_epoch_end_the_training_thread_evaluates_after():
+    _, wire, _ = run(2, evaluates=lambda epoch: epoch == 0)
+    ev = wire.events
     first_of_next = ev.index(("send", STEPS + 1))
-    assert ("receive", STEPS) in ev[:first_of_next]
+    assert ("receive", STEPS) in ev[:first_of_next]  # epoch 0's last received before epoch 1 starts
 
 
 def test_the_check_pull_goes_through_the_same_pulls():
