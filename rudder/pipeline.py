@@ -20,8 +20,8 @@ right). The policy then plans i+1 before it observes i. Pulls stay in flight ove
 end (its end is handed over after its last minibatch, whenever that is received) unless the
 training thread evaluates after it, or it is the last: then the end receives everything.
 
-The policy's view of the future (a fixed `lookahead` of minibatches sampled ahead; a whole-epoch
-view stays the rest of its epoch) slides on over an epoch's end: once epoch e's last minibatch
+The policy's view of the future (a fixed `lookahead` of minibatches sampled ahead; with
+sample_next_epoch everything sampled, below) slides on over an epoch's end: once epoch e's last minibatch
 is sampled, epoch e+1's iterator opens and its first ones are sampled as the window needs them,
 before e's last hand-over (so still before an evaluation after e). A round near the end of e then keeps rows that e+1's start uses (a replay of the
 study's synth-medium traces: 1 point fewer rows of `none`, most of the gap to Belady), and the
@@ -290,7 +290,7 @@ class MinibatchPipeline:
             if self.sample_next_epoch:  # after the hand-over: the training thread computes meanwhile
                 _sample_share(cur, nxt, self.steps_per_epoch - step)
         # pulls stay in flight into the next epoch when no RPC of the training thread follows
-        carry = self._pending and nxt is not None and not self.hold_after(epoch)
+        carry = bool(self._pending) and nxt is not None and not self.hold_after(epoch)
         if not carry:
             self._drain()
         while self.sample_next_epoch and nxt is not None and not self._stop.is_set() and nxt.sample():
