@@ -198,6 +198,7 @@ class MinibatchPipeline:
         self.state = PipelineState()
         self.pulls_in_flight = pulls_in_flight
         self._pending: collections.deque[_Started] = collections.deque()
+        self.epoch_ends_in_flight = 0  # epoch ends crossed with a pull still on the wire
         # the window records' past counterfactual when the policy wants it (the replay's code)
         self.past = PastCounterfactual(getattr(policy, "past_rounds", None))
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -297,6 +298,7 @@ class MinibatchPipeline:
             pass  # the rest of e+1 (an epoch shorter than its steps): none after e's end
         if carry:
             self._pending[-1].ends.append(epoch)  # its hand-over ends the epoch
+            self.epoch_ends_in_flight += 1
         else:
             self._q.put(_EpochEnd(epoch))
         return not self._stop.is_set()

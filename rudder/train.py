@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     out.close()
     checked.save(args.run_dir, part.rank)
     summary = {"rank": part.rank, "part_id": int(part.part_id), "mismatched_rows": checked.mismatches,
-               "checked": check, "most_pulls_in_flight": feats.pulls.most_in_flight}
+               "checked": check, "most_pulls_in_flight": feats.pulls.most_in_flight,
+               "epoch_ends_in_flight": pipe.epoch_ends_in_flight}
     if feats.buffer is not None and feats.buffer.index is not None:  # the remote universe seen
         held = len(feats.buffer.index)  # distinct remote ids held (all seen, unless it filled)
         summary.update(universe_held=held, capacity_frac_remote=fill.capacity / max(held, 1))

@@ -82,6 +82,7 @@ def run(pulls_in_flight: int, check: bool = False, compact: bool = False, evalua
             got.append((mb.input_nodes, mb.feats, (st.hits, st.misses, st.replaced_rows, st.admitted_rows),
                         mb.mismatched_rows, mb.record.t_load))
     assert len(got) == STEPS * EPOCHS
+    feats.pulls.epoch_ends = pipe.epoch_ends_in_flight
     return got, feats.pulls, buf
 
 
@@ -104,6 +105,7 @@ def test_pulls_in_flight_hand_over_the_same_rows_and_decisions(pulls, compact):
 def test_the_next_pull_is_sent_before_this_one_is_received_also_over_an_epoch_end():
     _, wire, _ = run(2)
     ev = wire.events
+    assert wire.epoch_ends == EPOCHS - 1
     # minibatch k+1's pull goes out before k's rows are taken, within an epoch ...
     assert ev[:3] == [("send", 1), ("send", 2), ("receive", 1)]
     # ... and over an epoch's end that no evaluation follows: the next epoch's first pull goes
@@ -115,6 +117,7 @@ def test_the_next_pull_is_sent_before_this_one_is_received_also_over_an_epoch_en
 def test_no_pull_in_flight_over_an_epoch_end_the_training_thread_evaluates_after():
     _, wire, _ = run(2, evaluates=lambda epoch: epoch == 0)
     ev = wire.events
+    assert wire.epoch_ends == 0
     first_of_next = ev.index(("send", STEPS + 1))
     assert ("receive", STEPS) in ev[:first_of_next]  # epoch 0's last received before epoch 1 starts
 

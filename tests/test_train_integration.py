@@ -214,11 +214,14 @@ def test_schedule_ahead_with_sampler_processes(tmp_path, data_root):
 def test_two_pulls_in_flight_on_a_real_cluster(tmp_path, data_root):
     """train.pulls_in_flight 2 (rudder.prefetch.pulls.DGLPulls) on 3 machines, so each pull has
     responses from two servers to match: a lookahead round admitting any node of the window at
-    every chance, the check's pulls among the minibatches' own. Every row matches a direct pull,
-    two pulls were on the wire at once, and the timing records stay honest."""
+    every chance, the check's pulls among the minibatches' own; validation after the last epoch
+    only, so a pull stays in flight over the first epoch's end. Every row matches a direct pull,
+    two pulls were on the wire at once, each epoch trained its own minibatches in order, and the
+    timing records stay honest."""
     cfg = make_cfg(tmp_path, data_root, 3, "lookahead", epochs=2, samplers=1, prefetch_fraction=0.3,
                    admit="any", lookahead=3)
     cfg.train.pulls_in_flight = 2
+    cfg.train.eval_every = 0
     res = execute_run(cfg, check=True)
     assert res.ok, res.reason
     assert_honest_timing(res.run_dir, 3, sampled_before=True)
@@ -226,8 +229,11 @@ def test_two_pulls_in_flight_on_a_real_cluster(tmp_path, data_root):
         done = json.loads((res.run_dir / f"done-r{r}.json").read_text())
         assert done["checked"] and done["mismatched_rows"] == 0
         assert done["most_pulls_in_flight"] == 2
+        assert done["epoch_ends_in_flight"] == 1  # the first epoch's end; the last receives all
         mbs = read_jsonl(res.run_dir / f"minibatches-r{r}.jsonl")
         assert sum(m["admitted_rows"] for m in mbs) > 0  # rows written on arrival, still right
+        steps = len(mbs) // 2
+        assert [(m["epoch"], m["step"]) for m in mbs] == [(e, s) for e in range(2) for s in range(steps)]
     assert not run_processes(res.run_dir)
 
 
