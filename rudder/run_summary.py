@@ -74,6 +74,11 @@ def summarize_run(run_dir: str | Path) -> dict:
                                 "mismatched_rows": sum(d.get("mismatched_rows") or 0 for d in done)}
     else:
         out["feature_check"] = None
+    # train.pulls_in_flight > 1: how many were on the wire at once, and over how many epoch ends
+    most = max((d.get("most_pulls_in_flight") or 0 for d in done), default=0)
+    out["pulls"] = ({"most_in_flight": most,
+                     "epoch_ends": max(d.get("epoch_ends_in_flight") or 0 for d in done)}
+                    if most > 1 else None)
     return out
 
 
@@ -148,6 +153,10 @@ def format_summary(s: dict) -> str:
             lines.append(f"note           {who} never acted: "
                          + ("every decision fell back" if s["decisions"] else "no decision was made")
                          + " (see decisions-r*.jsonl and logs/)")
+    if s.get("pulls"):
+        p = s["pulls"]
+        lines.append(f"pulls          up to {p['most_in_flight']} in flight at once (train.pulls_in_flight); "
+                     f"{p['epoch_ends']} epoch end(s) crossed with one on the wire")
     fc = s["feature_check"]
     lines.append("feature check  " + (f"{fc['ranks']} rank(s), {fc['mismatched_rows']} rows differ"
                                       if fc else "not run (--check verifies every assembled row)"))

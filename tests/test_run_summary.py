@@ -120,3 +120,17 @@ def test_summary_says_where_the_cores_went(tmp_path):
     assert line == (f"cpu            trainers {0.25 * ranks:.2f} CPU-s an epoch "
                     f"({0.25 * ranks / s['epoch_s']:.2f} cores over its {s['epoch_s']:.2f} s); "
                     "whole run: servers 4.0 s (sys 1.0), trainers with samplers 17.5 s (sys 3.5)")
+
+
+def test_summary_says_how_many_pulls_were_in_flight(tmp_path):
+    """train.pulls_in_flight 2: the trainers' done files say how many pulls were on the wire at
+    once and over how many epoch ends; the summary says so (and nothing with one pull)."""
+    d = write_synthetic_run(tmp_path, "a", policy="static", epochs=2, steps=6)
+    assert summarize_run(d)["pulls"] is None and "\npulls " not in format_summary(summarize_run(d))
+    for r, ends in ((0, 1), (1, 0)):
+        (d / f"done-r{r}.json").write_text(json.dumps({"rank": r, "checked": False, "mismatched_rows": 0,
+                                                         "most_pulls_in_flight": 2, "epoch_ends_in_flight": ends}))
+    s = summarize_run(d)
+    assert s["pulls"] == {"most_in_flight": 2, "epoch_ends": 1}
+    assert ("\npulls          up to 2 in flight at once (train.pulls_in_flight); 1 epoch end(s) crossed "
+            "with one on the wire") in format_summary(s)
