@@ -186,6 +186,10 @@ class PrefetchConfig(Strict):
     # agent's judge-history answer may choose it per round
     evict: Literal["stale", "half"] = "stale"
     window: int = Field(10, gt=0)  # minibatches per metrics window (agent, classifier)
+    # windows the past counterfactual spans (rudder.prefetch.past): a round at the start of the
+    # window past_windows - 1 before the one just closed, replayed over all of them; where a
+    # round pays back over more than a window (synth-bench: 20-40 minibatches, BENCHMARKS 7o)
+    past_windows: int = Field(1, ge=1, le=16)
     record_trace: bool = True  # remote-access trace for `rudder oracle` and `rudder sim`
     # What the buffer may hold: the 1-hop `halo`, or any `remote` id the trainer samples (2+ hops
     # too), found through a bounded RemoteIndex of universe_max_nodes ids (None: 2 x the halo).

@@ -33,8 +33,8 @@ W = 5
 class _Rounds(Policy):
     """Rounds at chosen minibatches ({step: Replace}); wants the past counterfactual of `wants`."""
 
-    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace] | None):
-        self.at, self.wants, self.windows = at, wants, []
+    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace] | None, past_windows: int = 1):
+        self.at, self.wants, self.windows, self.past_windows = at, wants, [], past_windows
 
     def past_rounds(self):
         return self.wants
@@ -47,9 +47,9 @@ class _Rounds(Policy):
         return self.at.get(step.global_step)
 
 
-def _run(trace, at, wants):
+def _run(trace, at, wants, past_windows=1):
     pt = PositionTrace(trace)
-    pol = _Rounds(at, wants)
+    pol = _Rounds(at, wants, past_windows)
     rp = BufferReplayer(pt, pol, trace.capacity, alpha=0.1, period=6, depth=0, window=W)
     rp.fill(trace.init_positions()[: trace.capacity])
     counts = replay(pt, rp)
@@ -156,3 +156,24 @@ def test_judge_history_2b_shows_no_own_decisions():
     assert a.messages[:-1] == b.messages[:-1] and a.hash != b.hash
     assert "- #1 window 2: keep" in a.messages[-1]["content"]
     assert "Recent decisions: none." in b.messages[-1]["content"] and "#1" not in b.messages[-1]["content"]
+
+
+def test_the_past_counterfactual_over_several_windows(trace):
+    """prefetch.past_windows 3: at each window close the replay starts at the start of the window
+    two before (fewer at the run's first windows) and runs over all three; its keep branch is the
+    run itself when it never replaces, and each round's branch is a run that applies that round
+    (only) there, summed over the windows spanned; the prompt says how many windows."""
+    C = trace.capacity
+    rounds = {"big_stale": Replace("massivegnn", C, "t"), "small_half": Replace("massivegnn", C // 10, "t", stale_after=3.0)}
+    wins, _ = _run(trace, {}, rounds, past_windows=3)
+    for k, w in enumerate(wins):
+        first = max(0, k - 2)
+        assert w["past_minibatches"] == (k - first + 1) * W
+        assert w.get("past_windows", 1) == k - first + 1
+        assert w["past_keep_fetched"] == sum(x["fetched_rows"] for x in wins[first:k + 1])
+    for k in (2, 5):
+        for label, r in rounds.items():
+            other, _ = _run(trace, {(k - 2) * W: r}, None)
+            assert wins[k][f"past_fetched_{label}"] == sum(x["fetched_rows"] for x in other[k - 2:k + 1]), (k, label)
+    assert past_line(wins[4]).startswith("a round 3 windows ago (replayed on the 3 windows since) would have: ")
+    assert past_line(wins[0]).startswith("a round at this window's start")

@@ -538,9 +538,11 @@ def past_line(w: dict) -> str | None:
     if pc is None:
         return None
     best = min(pc, key=lambda k: (pc[k], list(pc).index(k)))
-    return ("a round at this window's start (replayed on its minibatches) would have: "
-            + ", ".join(f"{k} {_saved(v)}" for k, v in pc.items())
-            + f" of its fetched rows; best {best} {_saved(pc[best])}")
+    n = int(w.get("past_windows") or 1)  # prefetch.past_windows: a round n - 1 windows before this one
+    head = ("a round at this window's start (replayed on its minibatches) would have: " if n == 1 else
+            f"a round {n} windows ago (replayed on the {n} windows since) would have: ")
+    return (head + ", ".join(f"{k} {_saved(v)}" for k, v in pc.items())
+            + f" of {'its' if n == 1 else 'their'} fetched rows; best {best} {_saved(pc[best])}")
 
 
 # ---- judge-history-3 (h18e): examples retrieved per window from the held-out pool ----------

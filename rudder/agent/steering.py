@@ -205,6 +205,11 @@ class Steering(Policy):
             return None
         return past_rounds(self.ctx.capacity, self.cfg)
 
+    @property
+    def past_windows(self) -> int:
+        """Windows the past counterfactual spans (prefetch.past_windows)."""
+        return getattr(self.cfg, "past_windows", 1)
+
     def wait_for_decision(self, timeout_s: float) -> bool:
         """Blocks until an answer waits for plan() (or timeout). Training never calls this; a
         replay (rudder sim) does, to apply answers as a zero-latency decider would."""

@@ -16,6 +16,7 @@ as `t_past_cf`.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import time
 from typing import Callable
@@ -64,24 +65,32 @@ def _branch_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarray, 
 
 
 def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str, Replace],
-                future: list[torch.Tensor] = ()) -> dict:
+                future: list[torch.Tensor] = (), windows: int = 1) -> dict:
     """The window fields: `remote` replayed from `start` (an index copy, consumed) with no round
-    and with each of `rounds` at its first minibatch."""
+    and with each of `rounds` at its first minibatch; `windows`: how many windows `remote` spans
+    (past_windows, written where more than one)."""
     branches = [None, *rounds.values()]
     later = _later(remote)
     got = [_branch_rows(start if i == len(branches) - 1 else index_copy(start), remote[0], later, r, future)
            for i, r in enumerate(branches)]
     return {"past_minibatches": len(remote), "past_keep_fetched": got[0],
+            **({"past_windows": windows} if windows > 1 else {}),
             **{f"past_fetched_{label}": n for label, n in zip(rounds, got[1:])}}
 
 
 class PastCounterfactual:
     """Keeps what a window's past counterfactual needs while the window runs, measures it at its
     close. `rounds`: the policy's Policy.past_rounds, asked at each window's start and close
-    (it answers None or {}: nothing kept, nothing measured; None for a policy without one)."""
+    (it answers None or {}: nothing kept, nothing measured; None for a policy without one).
+    `windows` > 1 (prefetch.past_windows): the replay starts at the start of the window
+    windows - 1 before the one closing and runs over all of them (the earlier windows' index
+    copies and remote ids are kept until then; fewer at the run's first windows)."""
 
-    def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None):
+    def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None, windows: int = 1):
         self.rounds = rounds if rounds is not None else lambda: None
+        self.windows = max(1, int(windows))
+        # the earlier windows still to be replayed: (index copy at its start, its remote ids, future)
+        self._kept: collections.deque = collections.deque(maxlen=self.windows - 1)
         self._opening = True  # the next step is a window's first minibatch
         self._start: HaloBuffer | None = None  # the buffer's index at the open window's start
         self._remote: list[torch.Tensor] = []  # the open window's remote ids, minibatch by minibatch
@@ -103,10 +112,11 @@ class PastCounterfactual:
     def fork(self, rounds: Callable[[], dict[str, Replace] | None] | None) -> "PastCounterfactual":
         """A copy for a fork of the run (a replay's branch) whose policy's past rounds are
         `rounds`: it measures the open window too when they want it."""
-        new = PastCounterfactual(rounds)
+        new = PastCounterfactual(rounds, self.windows)
         new._opening, new._t = self._opening, self._t
         if self._start is not None and new.rounds() is not None:
             new._start, new._remote, new._future = index_copy(self._start), list(self._remote), list(self._future)
+            new._kept.extend((index_copy(s), list(r), list(f)) for s, r, f in self._kept)
         return new
 
     def close(self, window: dict) -> None:
@@ -117,6 +127,19 @@ class PastCounterfactual:
         self._opening, self._start, self._remote, self._future = True, None, [], []
         rounds = self.rounds()
         if not rounds or start is None or not remote:
+            self._kept.clear()  # a gap: the windows before it no longer lead up to the next
             return
-        window.update(past_fields(start, remote, rounds, future))
+        spanned = 1
+        if self._kept.maxlen:  # from the oldest kept window's start, over every window since
+            kept = list(self._kept)  # oldest first
+            if not kept:  # the first: this window alone (its start is consumed: keep a copy)
+                self._kept.append((index_copy(start), remote, future))
+            else:
+                # the oldest is replayed for the last time once `windows` are spanned (consumed)
+                first = self._kept.popleft()[0] if len(kept) == self._kept.maxlen else index_copy(kept[0][0])
+                self._kept.append((start, remote, future))
+                start, future = first, kept[0][2]
+                remote = [r for _, rs, _ in kept for r in rs] + remote
+                spanned = len(kept) + 1
+        window.update(past_fields(start, remote, rounds, future, spanned))
         window["t_past_cf"] = self._t + time.perf_counter() - t0
