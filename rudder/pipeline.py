@@ -406,9 +406,14 @@ def _sample_share(cur: _Sampled, nxt: _Sampled | None, slots: int) -> None:
     epoch has its own rest to sample besides the next one's: about two per hand-over; later
     epochs one). `cur` first: `nxt`'s iter() would reset the DGL loader `cur` still samples from."""
     left = (0 if cur.done else cur.left) + (0 if nxt is None or nxt.done else nxt.left)
-    for _ in range(-(-left // max(slots, 1))):
+    for _ in range(_share(left, slots)):
         if not cur.sample() and (nxt is None or not nxt.sample()):
             return
+
+
+def _share(left: int, slots: int) -> int:
+    """What one hand-over samples of `left` minibatches with `slots` hand-overs to go (ceil)."""
+    return -(-left // max(slots, 1))
 
 
 def known_ahead(lengths: list[int], start_depth: int) -> list[int]:
@@ -426,7 +431,7 @@ def known_ahead(lengths: list[int], start_depth: int) -> list[int]:
             sampled = max(sampled, min(end, start + s + 1 + start_depth))  # cur.fill(1 + depth)
             known.append(sampled)
             left = nxt_end - sampled
-            sampled += min(left, -(-left // (steps - s)))
+            sampled += min(left, _share(left, steps - s))
         sampled = nxt_end
     return known
 
