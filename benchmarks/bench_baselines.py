@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("stationary", "stationary_nolookahead", "history_only", "ring_cluster", "bandwidth_schedule",
-             "history_cold", "history_cold_small", "history_cold_bench")
+             "history_cold", "history_cold_small", "history_cold_bench",
+             "history_cold_bench4")
 SAME_TRACE = {"stationary_nolookahead": "stationary"}  # same stream; only the depth differs
 FIXED_PERIODS = (5, 10, 25, 50, 100)  # 5: a round at every window close of the history_cold scenarios
 BUDGETS = (0.05, 0.2, 1.0)

@@ -8,14 +8,17 @@ replay rows of bench_baselines.py.
 
 Policy words: none, static, fixed:PERIOD[:half] (prefetch.period, prefetch.evict), lookahead
 [:any] (prefetch.admit), rule[+probe][+half][+pay] (the run config's `rule:` section: probe, evict half, go_on payback), agent:MODEL
-[:PROMPT] (in-process; the scenario's prompt, or agent.prompt PROMPT). Where the windows carry the
+[:PROMPT] (in-process; the scenario's prompt, or agent.prompt PROMPT), script:DIR (the agent with
+the answers recorded in DIR/decisions-r<R>.jsonl, e.g. `rudder sim`'s replay of the LLM on a
+live run's traces, window by window and no model running: rudder.agent.script). Where the windows carry the
 past counterfactual (a past prompt: judge-history-2 / -2b), its live cost is printed too
 (t_past_cf per window and its share of the epochs: benchmarks/bench_past_live.py).
 The runs go in rounds, every policy once per round in turn, so load drifting over the benchmark
 falls on all of them alike; each figure is the median over the rounds. Rows and epoch time are
 quoted against the best fixed setting (min over the fixed:* words given) of the same rounds.
 On a 2-core host the agent's model shares the trainers' cores: its epoch time is its CPU cost,
-its decisions' worth is the replay's (bench_baselines.py).
+its decisions' worth is the replay's (bench_baselines.py), or live a script: word's (its answers
+without its CPU).
 --set KEY=VALUE overrides a scenario key for every run (as `rudder run --set`); --belady adds
 each run's hits as a share of Belady's over all remote nodes on its own traces (`rudder oracle`'s
 yardstick). Validation accuracy is the end-of-run pass (train.eval_every 0).
@@ -61,6 +64,8 @@ def overrides_for(word: str) -> dict:
             raise SystemExit(f"bad policy word {word!r}: rule takes +probe, +half and +pay")
         return {"prefetch.policy": "rule", "rule.probe": "probe" in opts, "rule.evict": "half" if "half" in opts else None,
                 "rule.go_on": "payback" if "pay" in opts else "lift"}
+    if base == "script" and arg:
+        return {"prefetch.policy": "agent", "agent.backend": "script", "agent.script": arg}
     if base == "agent" and arg:
         model, _, prompt = arg.partition(":")
         return {"prefetch.policy": "agent", "agent.model.name": model, "agent.backend": "inproc",

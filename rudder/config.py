@@ -228,8 +228,12 @@ class ModelConfig(Strict):
 
 class AgentConfig(Strict):
     model: ModelConfig = ModelConfig()
-    backend: Literal["inproc", "http"] = "inproc"
+    backend: Literal["inproc", "http", "script"] = "inproc"
     url: str | None = None  # OpenAI-compatible endpoint for backend=http
+    # backend=script: a directory holding decisions-r<R>.jsonl (a run's, or a replay's from
+    # `rudder sim`): each window gets the answer recorded for that window, no model runs
+    # (rudder.agent.script: the recorded decider's answers live, without its CPU)
+    script: str | None = None
     # A later answer is dropped and the fallback applies. Reading the prompt dominates latency on
     # CPUs (~15-40 tokens/s on a busy 2-core host): 20 s made most answers fall back there.
     timeout_s: float = Field(60.0, gt=0)
@@ -248,6 +252,13 @@ class AgentConfig(Strict):
     # what the first sampled-ahead minibatches lack, so the model, not the fallback, steers from
     # the start (the fallback still applies until that answer arrives).
     start_decision: bool = True
+
+    @model_validator(mode="after")
+    def _script_has_answers(self) -> "AgentConfig":
+        if self.backend == "script" and not self.script:
+            raise ValueError("agent.backend=script needs agent.script: a directory holding the recorded "
+                             "decisions-r<R>.jsonl (a run's, or `rudder sim`'s replay of one)")
+        return self
 
 
 class ClusterConfig(Strict):

@@ -265,7 +265,7 @@ def _is_loopback(host: str) -> bool:
 
 def agent_url(cfg: RunConfig) -> str | None:
     """The OpenAI-compatible URL the trainers will call (agent.url, or $RUDDER_AGENT_URL)."""
-    if cfg.prefetch.policy != "agent":
+    if cfg.prefetch.policy != "agent" or cfg.agent.backend == "script":
         return None
     return os.environ.get("RUDDER_AGENT_URL") or (cfg.agent.url if cfg.agent.backend == "http" else None)
 
@@ -305,6 +305,14 @@ def preflight(cfg: RunConfig, probe: bool = True) -> list[str]:
             resolve_model(cfg.agent.model)
         except ModelError as exc:
             problems.append(f"agent.model: {exc}")
+    if pol == "agent" and cfg.agent.backend == "script":
+        from rudder.agent.script import answers_file
+
+        for r in range(cfg.cluster.machines * cfg.cluster.trainers_per_machine):
+            if not answers_file(cfg.agent.script, r).is_file():
+                problems.append(f"agent.script: {answers_file(cfg.agent.script, r)} does not exist (trainer {r}'s "
+                                f"recorded answers: agent.script names a run directory or `rudder sim`'s replay of one)")
+                break
     if pol.startswith("classifier:"):
         from rudder.agent.classifiers import resolve_checked
 

@@ -146,6 +146,7 @@ class Prompt:
     hash: str  # identifies the prompt design (variant, templates, schema, canned examples)
     variant: str
     asked: str = ""  # the question's text after its opening (facts or "Same run."): HistoryEntry.asked
+    window: int | None = None  # the window asked about (a scripted backend answers by it)
 
 
 def per_minibatch(window: dict, key: str) -> float | None:
@@ -1159,7 +1160,7 @@ class ContextBuilder:
         asked = "\n".join([self.render_history(hist), self.render_window(window, recent)])
         msgs.append({"role": "user", "content": self._head(own == 0) + asked})
         schema = self.start_schema if window.get("window") == START_WINDOW else self.schema
-        return Prompt(msgs, schema, self.hash, self.variant.name, asked)
+        return Prompt(msgs, schema, self.hash, self.variant.name, asked, window.get("window"))
 
 
 def _ordered(answer: dict, reason_first: bool) -> dict:

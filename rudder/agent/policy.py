@@ -152,7 +152,10 @@ HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentCo
 def service_url(cfg: AgentConfig) -> str | None:
     """Where this trainer's model answers over HTTP, or None for in-process:
     $RUDDER_AGENT_URL (the cluster's node service) wins; else agent.url; else, for backend=http,
-    the node's AgentService at its default port on $RUDDER_MACHINE_ADDR."""
+    the node's AgentService at its default port on $RUDDER_MACHINE_ADDR. backend=script: None
+    (the recorded answers, rudder.agent.script)."""
+    if cfg.backend == "script":
+        return None
     url = os.environ.get("RUDDER_AGENT_URL") or (cfg.url if cfg.backend == "http" else None)
     if url is None and cfg.backend == "http" and os.environ.get("RUDDER_MACHINE_ADDR"):
         from rudder.agent.service import DEFAULT_PORT
@@ -224,7 +227,11 @@ class LLMDecider(Decider):
         self.wants_past = self.builder.variant.name in PAST_VARIANTS  # the past counterfactual shown
         self.fallback = fallback_policy(fb, self.cfg, ctx)
         if self._maker is None:
-            if self._url or a.backend == "http":
+            if a.backend == "script":  # the recorded answers; fails here, naming the missing file
+                from rudder.agent.script import ScriptedMaker
+
+                self._maker = ScriptedMaker.from_dir(a.script, ctx.rank, fb)
+            elif self._url or a.backend == "http":
                 self._maker = DecisionMaker.from_config(a, url=self._url)
                 self._wait_service = self._url is not None  # it may still be loading its model
             else:
