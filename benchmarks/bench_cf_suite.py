@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 from bench_baselines import SCENARIOS  # noqa: E402  (the scenarios every baseline runs on)
 
+from rudder.agent.hindsight import HORIZON  # noqa: E402
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,6 +39,8 @@ def main() -> None:
     p.add_argument("--trace-dir", type=Path, default=Path("data/traces/baselines"))
     p.add_argument("--out", type=Path, default=Path("data/cf_suite"))
     p.add_argument("--eval-model", default=None)
+    p.add_argument("--horizon", type=int, default=HORIZON,
+                   help=f"windows the judge replays after each decision (default {HORIZON}, the judge's)")
     a = p.parse_args()
     import torch
 
@@ -60,7 +64,7 @@ def main() -> None:
             for seed in range(a.seeds):
                 run = collect_run(trace, a.out / "runs" / name, window=pc.window, lookahead=pc.lookahead,
                                   budget=budget, seed=seed, admit=pc.admit, study="cf-suite",
-                                  prefetch={"alpha": pc.alpha, "period": pc.period})
+                                  prefetch={"alpha": pc.alpha, "period": pc.period}, horizon=a.horizon)
                 recs += label_windows_from_run(run, by="counterfactual", scenario=name)
         print(f"# {name}: {len(recs)} labelled windows so far ({time.time() - t0:.0f} s)", flush=True)
     # held out first (the test part keeps its natural labels), then the training part balanced

@@ -168,6 +168,8 @@ def main() -> None:
 
 
 def run_id(scenario: str, word: str, rnd: int) -> str:
+    if word.startswith("script:"):  # a directory: its name stands for it
+        word = "script:" + Path(word.split(":", 1)[1]).name
     return f"live-{Path(scenario).stem}-{word.replace(':', '_').replace('+', '_')}-{rnd}"
 
 

@@ -68,3 +68,14 @@ def test_replay_rows_replays_one_trace_under_every_word(tmp_path):
     assert 0 < look["hits_of_belady"] <= 1
     direct = simulate(trace, "lookahead", source={"config": cfgs["lookahead"].model_dump(mode="json")})
     assert look["fetched_rows_per_epoch"] == direct.summary()["fetched_rows"] / 2
+
+
+def test_a_script_word_runs_the_agent_on_recorded_answers():
+    from bench_scenario_live import run_id
+
+    from rudder.config import check_name
+
+    assert overrides_for("script:/tmp/x/sim-run") == {"prefetch.policy": "agent", "agent.backend": "script",
+                                                       "agent.script": "/tmp/x/sim-run"}
+    rid = run_id("configs/scenarios/history_cold_bench.yaml", "script:/tmp/x/sim-run", 1)
+    assert check_name(rid, "run id") == rid == "live-history_cold_bench-script_sim-run-1"
