@@ -8,7 +8,7 @@ replay rows of bench_baselines.py.
 
 Policy words: none, static, fixed:PERIOD[:half] (prefetch.period, prefetch.evict), lookahead
 [:any] (prefetch.admit), rule[+probe][+half][+pay] (the run config's `rule:` section: probe, evict half, go_on payback), agent:MODEL
-[:PROMPT] (in-process; the scenario's prompt, or agent.prompt PROMPT), script:DIR (the agent with
+[:PROMPT] (in-process; the scenario's prompt, or agent.prompt PROMPT), script:DIR[:PROMPT] (the agent with
 the answers recorded in DIR/decisions-r<R>.jsonl, e.g. `rudder sim`'s replay of the LLM on a
 live run's traces, window by window and no model running: rudder.agent.script). Where the windows carry the
 past counterfactual (a past prompt: judge-history-2 / -2b), its live cost is printed too
@@ -65,7 +65,9 @@ def overrides_for(word: str) -> dict:
         return {"prefetch.policy": "rule", "rule.probe": "probe" in opts, "rule.evict": "half" if "half" in opts else None,
                 "rule.go_on": "payback" if "pay" in opts else "lift"}
     if base == "script" and arg:
-        return {"prefetch.policy": "agent", "agent.backend": "script", "agent.script": arg}
+        folder, _, prompt = arg.partition(":")
+        return {"prefetch.policy": "agent", "agent.backend": "script", "agent.script": folder,
+                **({"agent.prompt": prompt} if prompt else {})}
     if base == "agent" and arg:
         model, _, prompt = arg.partition(":")
         return {"prefetch.policy": "agent", "agent.model.name": model, "agent.backend": "inproc",
@@ -169,7 +171,8 @@ def main() -> None:
 
 def run_id(scenario: str, word: str, rnd: int) -> str:
     if word.startswith("script:"):  # a directory: its name stands for it
-        word = "script:" + Path(word.split(":", 1)[1]).name
+        folder, _, prompt = word.split(":", 1)[1].partition(":")
+        word = "script:" + Path(folder).name + (f":{prompt}" if prompt else "")
     return f"live-{Path(scenario).stem}-{word.replace(':', '_').replace('+', '_')}-{rnd}"
 
 

@@ -79,3 +79,6 @@ def test_a_script_word_runs_the_agent_on_recorded_answers():
                                                        "agent.script": "/tmp/x/sim-run"}
     rid = run_id("configs/scenarios/history_cold_bench.yaml", "script:/tmp/x/sim-run", 1)
     assert check_name(rid, "run id") == rid == "live-history_cold_bench-script_sim-run-1"
+    # with a prompt of its own (e.g. one whose windows carry no past counterfactual)
+    assert overrides_for("script:/tmp/x/sim-run:judge-history")["agent.prompt"] == "judge-history"
+    assert run_id("s.yaml", "script:/tmp/x/sim-run:judge-history", 0) == "live-s-script_sim-run_judge-history-0"
