@@ -306,13 +306,13 @@ def preflight(cfg: RunConfig, probe: bool = True) -> list[str]:
         except ModelError as exc:
             problems.append(f"agent.model: {exc}")
     if pol == "agent" and cfg.agent.backend == "script":
-        from rudder.agent.script import answers_file
+        from rudder.agent.script import load_answers
 
-        for r in range(cfg.cluster.machines * cfg.cluster.trainers_per_machine):
-            if not answers_file(cfg.agent.script, r).is_file():
-                problems.append(f"agent.script: {answers_file(cfg.agent.script, r)} does not exist (trainer {r}'s "
-                                f"recorded answers: agent.script names a run directory or `rudder sim`'s replay of one)")
-                break
+        try:  # every trainer's recorded answers, read as the trainers will
+            for r in range(cfg.cluster.machines * cfg.cluster.trainers_per_machine):
+                load_answers(cfg.agent.script, r)
+        except (FileNotFoundError, ValueError) as exc:
+            problems.append(str(exc))
     if pol.startswith("classifier:"):
         from rudder.agent.classifiers import resolve_checked
 
