@@ -103,3 +103,42 @@ def test_bad_scripts_are_named(tmp_path):
     assert [p for p in preflight(cfg, probe=False) if p.startswith("agent.")] == [
         f"agent.script: no recorded answers for rank 1: {tmp_path / 'decisions-r1.jsonl'} does not exist "
         f"(agent.script names a run directory, or `rudder sim`'s replay of one)"]
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="emulated machines need root (network namespaces)")
+def test_a_real_run_answers_from_each_trainers_script(tmp_path):
+    """2 emulated machines, synth-small, history only from a cold buffer, judge-history-2b (its
+    windows carry the past counterfactual as the LLM's would). Each trainer answers from its own
+    rank's recorded file: rank 0 replaces at window 0, rank 1 at window 1; both keep at window 2;
+    later windows were never recorded and fall back. The rounds land where the scripts put them."""
+    from rudder.records import read_jsonl
+    from rudder.runner import execute_run
+
+    script = tmp_path / "recorded"
+    for r in (0, 1):
+        recs = [{"decision": w + 1, "window": w, "model": "handmade", "raw": json.dumps(answer(w == r, "large", "half"))}
+                for w in range(3)]
+        _record(script, r, recs)
+    cfg = RunConfig.model_validate({
+        "dataset": {"name": "synth-small", "root": str(tmp_path / "data")},
+        "train": {"epochs": 2, "batch_size": 500, "hidden": 16, "eval_every": 0},
+        "prefetch": {"policy": "agent", "lookahead": 0, "init": "random", "period": 10, "window": 5, "alpha": 0.05},
+        "agent": {"prompt": "judge-history-2b", "backend": "script", "script": str(script)},
+        "cluster": {"machines": 2, "start_timeout_s": 120, "run_timeout_s": 400},
+        "runs_dir": str(tmp_path / "runs"),
+    })
+    res = execute_run(cfg)
+    assert res.ok, res.reason
+    for r in (0, 1):
+        decisions = sorted(read_jsonl(res.run_dir / f"decisions-r{r}.jsonl"), key=lambda d: d["window"])
+        windows = read_jsonl(res.run_dir / f"windows-r{r}.jsonl")
+        assert len(decisions) == len(windows) > 3
+        assert [(d["replace"], d.get("evict"), d["model"], d["backend"]) for d in decisions[:3]] == \
+            [(w == r, "half", "script:handmade", "script") for w in range(3)]
+        assert all(d["fallback"] == "static" and "no recorded answer" in d["reason"] for d in decisions[3:])
+        # the one round: applied at the first minibatch of the window after the answered one
+        replaced = [w["replaced_rows"] for w in windows]
+        assert replaced[r + 1] > 0 and sum(replaced) == replaced[r + 1]
+        assert all(w["t_past_cf"] > 0 for w in windows)
