@@ -200,7 +200,7 @@ class MinibatchPipeline:
         self._pending: collections.deque[_Started] = collections.deque()
         self.epoch_ends_in_flight = 0  # epoch ends crossed with a pull still on the wire
         # the window records' past counterfactual when the policy wants it (the replay's code)
-        self.past = PastCounterfactual(getattr(policy, "past_rounds", None), getattr(policy, "past_windows", 1))
+        self.past = PastCounterfactual.of(policy)
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

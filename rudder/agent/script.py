@@ -55,8 +55,8 @@ class ScriptBackend:
 
     name = "script"
 
-    def __init__(self, answers: dict[int, dict], source: str):
-        self.answers, self.source = answers, source
+    def __init__(self, answers: dict[int, dict]):
+        self.answers = answers
 
     def complete(self, messages, schema, max_tokens, timeout_s, cancel=None) -> Completion:
         raise BackendError("script", "a script answers by window: ScriptedMaker.decide")
@@ -74,7 +74,7 @@ class ScriptedMaker(DecisionMaker):
         answers = load_answers(directory, rank)
         models = sorted({str(r.get("model")) for r in answers.values() if r.get("model")})
         label = "script:" + ("+".join(models) or "none")
-        return cls(ScriptBackend(answers, str(answers_file(directory, rank))), label, fallback)
+        return cls(ScriptBackend(answers), label, fallback)
 
     def decide(self, prompt: Prompt, cancel=None) -> Decision:
         rec = self.backend.answers.get(prompt.window) if prompt.window is not None else None

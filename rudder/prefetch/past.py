@@ -97,6 +97,12 @@ class PastCounterfactual:
         self._future: list[torch.Tensor] = []  # what was sampled ahead of its first minibatch
         self._t = 0.0  # seconds spent on the open window so far
 
+    @classmethod
+    def of(cls, policy) -> "PastCounterfactual":
+        """The one a run of `policy` measures: its past_rounds and past_windows (a duck-typed
+        policy may have neither: then it measures nothing)."""
+        return cls(getattr(policy, "past_rounds", None), getattr(policy, "past_windows", 1))
+
     def step(self, buf: HaloBuffer, remote: torch.Tensor, future: list[torch.Tensor] = ()) -> None:
         """Before a minibatch is served (its plan not yet applied): its remote ids (halo or not),
         and at a window's first minibatch a copy of the buffer's index and what is sampled ahead."""

@@ -173,7 +173,7 @@ class BufferReplayer(Replayer):
             self.buf = PositionBuffer(pt.trace.num_halo, capacity, alpha=alpha, period=period)
         self.collector = MetricsCollector(window)
         # the past counterfactual, as training measures it (a duck-typed policy may have none)
-        self.past = PastCounterfactual(getattr(policy, "past_rounds", None), getattr(policy, "past_windows", 1))
+        self.past = PastCounterfactual.of(policy)
         self.wait_for_answer = wait_for_answer
         self.windows: list[dict] = []
         self.decisions: list[dict] = []
