@@ -129,6 +129,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("judge-history-2", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-history-2b", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-history-3", reason_first=True, examples="canned", max_examples=4),
+        Variant("judge-past", reason_first=True, examples="canned", max_examples=3),
     ]
 }
 
@@ -273,13 +274,14 @@ CANNED: list[dict[str, Any]] = [
 # ---- the judge variant (issue 18): signals, not a verdict --------------------------------------
 HISTORY_VARIANTS = {"judge-history", "judge-history-2", "judge-history-2b",
                     "judge-history-3"}  # history-only runs (no lookahead)
-PAST_VARIANTS = {"judge-history-2", "judge-history-2b", "judge-history-3"}  # the past counterfactual shown (h18d)
+# the past counterfactual shown (h18d); judge-past: judge (lookahead on) with lookahead rounds replayed
+PAST_VARIANTS = {"judge-history-2", "judge-history-2b", "judge-history-3", "judge-past"}
 RETRIEVE_VARIANTS = {"judge-history-3"}  # examples retrieved per window from the held-out pool (h18e)
 # judge-history-2b: judge-history-2 without the run's own decisions ("Recent decisions: none."
 # always): under judge-history-2 Qwen-0.5B wrote "saved 9.6%, a round pays: keep" for nine
 # windows after its first keep, then "cost 1.7%, a round pays: replace" after its first replaces
-NO_OWN_HISTORY = {"judge-history-2b", "judge-history-3"}
-JUDGE_VARIANTS = {"judge", *HISTORY_VARIANTS}
+NO_OWN_HISTORY = {"judge-history-2b", "judge-history-3", "judge-past"}
+JUDGE_VARIANTS = {"judge", "judge-past", *HISTORY_VARIANTS}
 TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many windows (current included)
 
 JUDGE_SYSTEM = f"""\
@@ -336,6 +338,35 @@ JUDGE_CANNED: list[dict[str, Any]] = [
                    "replace": True, "budget": "medium", "admit": "any",
                    "expected": {"hit_rate": "up", "remote_rows": "up"}},
     },
+]
+
+
+# ---- judge-past: judge (lookahead on) with the lookahead rounds' past counterfactual ---------
+# judge's windows plus one measured past fact, as judge-history-2b gives history-only runs: the
+# window just closed, replayed from the buffer as it was at its start with a lookahead round
+# before every minibatch (each budget word, the run's admission) and without (rudder.prefetch.past;
+# window fields past_keep_fetched, past_fetched_<budget>). Under judge and default SmolLM2 kept at
+# 7 and 12 of stationary's 12 windows where a round saves ~10% of rows (BENCHMARKS 7p). judge's
+# three windows with that fact added; each reason quotes it first; no own history (as 2b).
+JUDGE_PAST_SYSTEM = JUDGE_SYSTEM.replace(
+    "Action (holds until",
+    "- lookahead rounds, replayed: the window just closed played again from the buffer as it was at its start, "
+    "with a round before every minibatch (each budget word) and without: the share of the window's fetched rows "
+    "those rounds would have saved, or cost. Measured on the past, not a forecast\n"
+    "Action (holds until")
+# judge's windows, keep first (small models copy the last example: the saturated link's replace)
+JUDGE_PAST_CANNED: list[dict[str, Any]] = [
+    {**ex, "window": {**ex["window"], "past_minibatches": 10, "past_keep_fetched": ex["window"]["fetched_rows"],
+                      **{f"past_fetched_{b}": v for b, v in zip(("small", "medium", "large"), rows)}},
+     "answer": {**ex["answer"], **answer}}
+    for ex, rows, answer in zip([JUDGE_CANNED[i] for i in (1, 2, 0)],
+                                [(46800, 46760, 46740), (61200, 58300, 57200), (74900, 70600, 68400)], [
+        {"reason": "rounds saved at most 0.1%, hit rate steady, 3% lacking ahead: keep"},
+        {"reason": "rounds saved up to 8.3% (large), link slack 0.42 s, 18% lacking ahead: replace",
+         "budget": "large"},
+        {"reason": "rounds saved up to 10.9% (large), hit rate falling, 26% lacking ahead: replace",
+         "budget": "large"},
+    ])
 ]
 
 
@@ -447,6 +478,8 @@ PAST_SYSTEM = JUDGE_HISTORY_SYSTEM.replace(
     "- link (where measured)")
 PAST_CONTEXT = HISTORY_CONTEXT  # the same held-out trainer's facts (halo 5,680, capacity 1,420)
 PAST_ORDER = [(b, e) for e in ("stale", "half") for b in ("small", "medium", "large")]
+# the labels of Policy.past_rounds (rudder.agent.steering.past_rounds): MassiveGNN, then lookahead
+PAST_LABELS = [f"{b}_{e}" for b, e in PAST_ORDER] + ["small", "medium", "large"]
 
 
 def _past(keep: int, rows: dict[str, int]) -> dict:
@@ -515,17 +548,18 @@ PAST_CANNED: list[dict[str, Any]] = [
 
 
 def past_counterfactual(w: dict) -> dict[str, float] | None:
-    """{"<budget>/<evict>": change of the window's fetched rows had a round run at its start,
-    relative to no round (negative: the round saves rows)}, from the window's past
-    counterfactual fields (rudder.sim.replay.BufferReplayer); None where it has none."""
+    """{"<budget>/<evict>" (MassiveGNN rounds) or "<budget>" (lookahead rounds): change of the
+    window's fetched rows had that decision been taken at its start, relative to no round
+    (negative: saved rows)}, from the window's past counterfactual fields
+    (rudder.prefetch.past); None where it has none."""
     keep = w.get("past_keep_fetched")
     if keep is None:
         return None
     out = {}
-    for b, e in PAST_ORDER:
-        v = w.get(f"past_fetched_{b}_{e}")
+    for label in PAST_LABELS:
+        v = w.get(f"past_fetched_{label}")
         if v is not None:
-            out[f"{b}/{e}"] = (float(v) - keep) / max(1.0, float(keep))
+            out[label.replace("_", "/")] = (float(v) - keep) / max(1.0, float(keep))
     return out or None
 
 
@@ -540,8 +574,12 @@ def past_line(w: dict) -> str | None:
         return None
     best = min(pc, key=lambda k: (pc[k], list(pc).index(k)))
     n = int(w.get("past_windows") or 1)  # prefetch.past_windows: a round n - 1 windows before this one
-    head = ("a round at this window's start (replayed on its minibatches) would have: " if n == 1 else
-            f"a round {n} windows ago (replayed on the {n} windows since) would have: ")
+    if all("/" not in k for k in pc):  # lookahead rounds: one before every minibatch
+        head = ("lookahead rounds before each of this window's minibatches (replayed) would have: " if n == 1 else
+                f"lookahead rounds before each minibatch of the last {n} windows (replayed) would have: ")
+    else:
+        head = ("a round at this window's start (replayed on its minibatches) would have: " if n == 1 else
+                f"a round {n} windows ago (replayed on the {n} windows since) would have: ")
     return (head + ", ".join(f"{k} {_saved(v)}" for k, v in pc.items())
             + f" of {'its' if n == 1 else 'their'} fetched rows; best {best} {_saved(pc[best])}")
 
@@ -820,7 +858,8 @@ class ContextBuilder:
         system, canned = ((JUDGE_HISTORY_SYSTEM, [HISTORY_CONTEXT, JUDGE_HISTORY_CANNED]) if self.history_only
                           else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
         if self.past:
-            system, canned = PAST_SYSTEM, [PAST_CONTEXT, PAST_CANNED]
+            system, canned = ((PAST_SYSTEM, [PAST_CONTEXT, PAST_CANNED]) if self.history_only
+                              else (JUDGE_PAST_SYSTEM, [CANNED_CONTEXT, JUDGE_PAST_CANNED]))
         self.retrieve = self.variant.name in RETRIEVE_VARIANTS
         if self.retrieve:  # judge-history-3: the examples are the pool's nearest windows per question
             canned = [PAST_CONTEXT, pool_design()]

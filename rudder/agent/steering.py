@@ -53,14 +53,19 @@ def make_round(mechanism: str, rows: int | None, source: str, admit: str, evict:
     return Replace(mechanism, rows, source, admit, sa)
 
 
-def past_rounds(capacity: int, cfg) -> dict[str, Replace]:
+def past_rounds(capacity: int, cfg, mechanism: str = "massivegnn") -> dict[str, Replace]:
     """The rounds whose effect on the window just closed the past counterfactual measures
-    (Policy.past_rounds): every budget word x evict word, as a decision's round, labelled
-    "<budget>_<evict>" (the window fields `past_fetched_<label>`)."""
+    (Policy.past_rounds), as a decision's round: MassiveGNN, every budget word x evict word,
+    labelled "<budget>_<evict>"; lookahead, every budget word with the run's admission,
+    labelled "<budget>" (the evict word means nothing there). The window fields:
+    `past_fetched_<label>`."""
     from rudder.agent.messages import BUDGET_SHARE
     from rudder.agent.messages import budget_rows as word_rows
     from rudder.prefetch.policy import EVICT_PERIODS
 
+    if mechanism == "lookahead":
+        return {b: make_round("lookahead", word_rows(b, capacity), "past", cfg.admit, None, cfg.period)
+                for b in BUDGET_SHARE}
     return {f"{b}_{e}": make_round("massivegnn", word_rows(b, capacity), "past", cfg.admit, e, cfg.period)
             for e in EVICT_PERIODS for b in BUDGET_SHARE}
 
@@ -201,9 +206,9 @@ class Steering(Policy):
         return self.decider.wait_ready(timeout_s)
 
     def past_rounds(self) -> dict[str, Replace] | None:
-        if not self.decider.wants_past or self.mechanism != "massivegnn" or self.ctx.capacity <= 0:
+        if not self.decider.wants_past or self.ctx.capacity <= 0:
             return None
-        return past_rounds(self.ctx.capacity, self.cfg)
+        return past_rounds(self.ctx.capacity, self.cfg, self.mechanism)
 
     @property
     def past_windows(self) -> int:

@@ -1,8 +1,10 @@
 """The past counterfactual (issue 18): at each metrics window's close, the window's own
 minibatches played again from the buffer as it was at the window's start, once with no round
-(`past_keep_fetched`) and once with each round the policy names (Policy.past_rounds) applied at
-its first minibatch (`past_fetched_<label>`): what a round at the last window close would have
-done to this window's fetched rows, a measured past fact.
+(`past_keep_fetched`) and once with each round the policy names (Policy.past_rounds) as the
+regime would apply it (`past_fetched_<label>`): a MassiveGNN round at its first minibatch, a
+lookahead round before every minibatch (each planned on what was sampled ahead of that
+minibatch, as the run had it): what a decision at the last window close would have done to this
+window's fetched rows, a measured past fact.
 
 One code path for the replay (rudder.sim.replay.BufferReplayer) and live training (the loader
 thread, rudder.pipeline): both call `PastCounterfactual.step` before each minibatch is served
@@ -10,7 +12,8 @@ and `close` on each window record. It keeps a copy of the buffer's index and sco
 rows: `index_copy`) at each window start and the window's remote id lists; the close replays
 them on copies of that index: the first minibatch through the shared step (begin_step/
 finish_step) with the branch's round, the later ones as lookups in the buffered set that round
-left (no later round changes it). Buffer arithmetic only: no feature row and no DGL RPC. Its
+left (no later round changes it); a lookahead branch takes every minibatch through the shared
+step, each with its round. Buffer arithmetic only: no feature row and no DGL RPC. Its
 seconds (the copy at the window's start and the replays at its close) go in the window record
 as `t_past_cf`.
 """
@@ -47,12 +50,21 @@ def _later(remote: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(torch.cat(remote[1:]).numpy(), return_counts=True)
 
 
-def _branch_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarray, np.ndarray],
-                 round: Replace | None, future: list[torch.Tensor]) -> int:
-    """The first minibatch through the shared step with `round`; after it the branch has no
-    round, so the buffered set no longer changes (only a round's `apply` changes it): the later
-    accesses hit where their id is buffered (a search of the buffered ids among them)."""
-    sp = begin_step(buf, first, round, future)
+def _branch_rows(buf: HaloBuffer, remote: list[torch.Tensor], later: tuple[np.ndarray, np.ndarray],
+                 round: Replace | None, futures: list[list[torch.Tensor]]) -> int:
+    """A branch's fetched rows. A lookahead round is the regime's round before every minibatch:
+    each minibatch through the shared step with it and what was sampled ahead of it. Otherwise
+    the first minibatch through the shared step with `round`; after it the branch has no round,
+    so the buffered set no longer changes (only a round's `apply` changes it): the later accesses
+    hit where their id is buffered (a search of the buffered ids among them)."""
+    if round is not None and round.mechanism == "lookahead":
+        rows = 0
+        for ids, ahead in zip(remote, futures):
+            sp = begin_step(buf, ids, round, ahead)
+            finish_step(buf, sp)
+            rows += sp.misses + int(sp.extra_ids.numel())
+        return rows
+    sp = begin_step(buf, remote[0], round, futures[0])
     finish_step(buf, sp)
     rows = sp.misses + int(sp.extra_ids.numel())
     ids, count = later
@@ -65,13 +77,16 @@ def _branch_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarray, 
 
 
 def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str, Replace],
-                future: list[torch.Tensor] = (), windows: int = 1) -> dict:
+                futures: list[list[torch.Tensor]] = (), windows: int = 1) -> dict:
     """The window fields: `remote` replayed from `start` (an index copy, consumed) with no round
-    and with each of `rounds` at its first minibatch; `windows`: how many windows `remote` spans
-    (past_windows, written where more than one)."""
+    and with each of `rounds`; `futures`: what was sampled ahead of each minibatch of `remote`
+    (missing ones: nothing); `windows`: how many windows `remote` spans (past_windows, written
+    where more than one)."""
+    futures = list(futures)[:len(remote)]
+    futures += [[]] * (len(remote) - len(futures))
     branches = [None, *rounds.values()]
     later = _later(remote)
-    got = [_branch_rows(start if i == len(branches) - 1 else index_copy(start), remote[0], later, r, future)
+    got = [_branch_rows(start if i == len(branches) - 1 else index_copy(start), remote, later, r, futures)
            for i, r in enumerate(branches)]
     return {"past_minibatches": len(remote), "past_keep_fetched": got[0],
             **({"past_windows": windows} if windows > 1 else {}),
@@ -89,12 +104,12 @@ class PastCounterfactual:
     def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None, windows: int = 1):
         self.rounds = rounds if rounds is not None else lambda: None
         self.windows = max(1, int(windows))
-        # the earlier windows still to be replayed: (index copy at its start, its remote ids, future)
+        # the earlier windows still to be replayed: (index copy at its start, its remote ids, futures)
         self._kept: collections.deque = collections.deque(maxlen=self.windows - 1)
         self._opening = True  # the next step is a window's first minibatch
         self._start: HaloBuffer | None = None  # the buffer's index at the open window's start
         self._remote: list[torch.Tensor] = []  # the open window's remote ids, minibatch by minibatch
-        self._future: list[torch.Tensor] = []  # what was sampled ahead of its first minibatch
+        self._futures: list[list[torch.Tensor]] = []  # what was sampled ahead of each of its minibatches
         self._t = 0.0  # seconds spent on the open window so far
 
     @classmethod
@@ -104,16 +119,18 @@ class PastCounterfactual:
         return cls(getattr(policy, "past_rounds", None), getattr(policy, "past_windows", 1))
 
     def step(self, buf: HaloBuffer, remote: torch.Tensor, future: list[torch.Tensor] = ()) -> None:
-        """Before a minibatch is served (its plan not yet applied): its remote ids (halo or not),
-        and at a window's first minibatch a copy of the buffer's index and what is sampled ahead."""
+        """Before a minibatch is served (its plan not yet applied): its remote ids (halo or not)
+        and what is sampled ahead of it (references: the loader's own tensors), and at a
+        window's first minibatch a copy of the buffer's index."""
         if self._opening:
             self._opening = False
             t0 = time.perf_counter()
             if self.rounds() is not None:
-                self._start, self._future = index_copy(buf), list(future)
+                self._start = index_copy(buf)
             self._t = time.perf_counter() - t0
         if self._start is not None:
             self._remote.append(remote)
+            self._futures.append(list(future))
 
     def fork(self, rounds: Callable[[], dict[str, Replace] | None] | None) -> "PastCounterfactual":
         """A copy for a fork of the run (a replay's branch) whose policy's past rounds are
@@ -121,7 +138,7 @@ class PastCounterfactual:
         new = PastCounterfactual(rounds, self.windows)
         new._opening, new._t = self._opening, self._t
         if self._start is not None and new.rounds() is not None:
-            new._start, new._remote, new._future = index_copy(self._start), list(self._remote), list(self._future)
+            new._start, new._remote, new._futures = index_copy(self._start), list(self._remote), list(self._futures)
             new._kept.extend((index_copy(s), list(r), list(f)) for s, r, f in self._kept)
         return new
 
@@ -129,8 +146,8 @@ class PastCounterfactual:
         """At a window's close (after its last minibatch): the past_* fields and `t_past_cf`
         into `window` when the policy wants them; the next step opens the next window."""
         t0 = time.perf_counter()
-        start, remote, future = self._start, self._remote, self._future
-        self._opening, self._start, self._remote, self._future = True, None, [], []
+        start, remote, futures = self._start, self._remote, self._futures
+        self._opening, self._start, self._remote, self._futures = True, None, [], []
         rounds = self.rounds()
         if not rounds or start is None or not remote:
             self._kept.clear()  # a gap: the windows before it no longer lead up to the next
@@ -139,13 +156,14 @@ class PastCounterfactual:
         if self._kept.maxlen:  # from the oldest kept window's start, over every window since
             kept = list(self._kept)  # oldest first
             if not kept:  # the first: this window alone (its start is consumed: keep a copy)
-                self._kept.append((index_copy(start), remote, future))
+                self._kept.append((index_copy(start), remote, futures))
             else:
                 # the oldest is replayed for the last time once `windows` are spanned (consumed)
                 first = self._kept.popleft()[0] if len(kept) == self._kept.maxlen else index_copy(kept[0][0])
-                self._kept.append((start, remote, future))
-                start, future = first, kept[0][2]
+                self._kept.append((start, remote, futures))
+                start = first
                 remote = [r for _, rs, _ in kept for r in rs] + remote
+                futures = [f for _, _, fs in kept for f in fs] + futures
                 spanned = len(kept) + 1
-        window.update(past_fields(start, remote, rounds, future, spanned))
+        window.update(past_fields(start, remote, rounds, futures, spanned))
         window["t_past_cf"] = self._t + time.perf_counter() - t0
