@@ -86,6 +86,24 @@ def test_the_past_counterfactual_equals_a_replay_of_each_branch(trace):
     assert mixed[2]["past_keep_fetched"] == wins[2]["fetched_rows"]
 
 
+def test_every_budget_of_one_stale_threshold_equals_its_own_replay(trace):
+    """The past counterfactual plans each stale threshold once and reads every budget off that
+    plan (a smaller budget's plan is a prefix of a larger one's): each still equals a run that
+    applies that round alone, budgets beyond the stale slots and an unbounded one included."""
+    C = trace.capacity
+    rounds = {f"b{n}": Replace("massivegnn", n, "t", stale_after=4.0) for n in (1, C // 10, C // 3, C, 10 * C)}
+    rounds["all"] = Replace("massivegnn", None, "t", stale_after=4.0)
+    rounds["period"] = Replace("massivegnn", C // 3, "t")
+    wins, _ = _run(trace, {}, rounds)
+    differ = set()
+    for k in (1, 2, 5):
+        for label, r in rounds.items():
+            other, _ = _run(trace, {k * W: r}, None)
+            assert wins[k][f"past_fetched_{label}"] == other[k]["fetched_rows"], (k, label)
+            differ.add(other[k]["fetched_rows"])
+    assert len(differ) > 3  # the budgets differ (not one number for all)
+
+
 def test_measuring_changes_nothing_of_the_run(trace):
     C = trace.capacity
     at = {2 * W: Replace("massivegnn", C, "t")}

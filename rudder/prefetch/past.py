@@ -50,30 +50,59 @@ def _later(remote: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(torch.cat(remote[1:]).numpy(), return_counts=True)
 
 
-def _branch_rows(buf: HaloBuffer, remote: list[torch.Tensor], later: tuple[np.ndarray, np.ndarray],
-                 round: Replace | None, futures: list[list[torch.Tensor]]) -> int:
-    """A branch's fetched rows. A lookahead round is the regime's round before every minibatch:
-    each minibatch through the shared step with it and what was sampled ahead of it. Otherwise
-    the first minibatch through the shared step with `round`; after it the branch has no round,
-    so the buffered set no longer changes (only a round's `apply` changes it): the later accesses
-    hit where their id is buffered (a search of the buffered ids among them)."""
-    if round is not None and round.mechanism == "lookahead":
-        rows = 0
-        for ids, ahead in zip(remote, futures):
-            sp = begin_step(buf, ids, round, ahead)
-            finish_step(buf, sp)
-            rows += sp.misses + int(sp.extra_ids.numel())
-        return rows
-    sp = begin_step(buf, remote[0], round, futures[0])
-    finish_step(buf, sp)
-    rows = sp.misses + int(sp.extra_ids.numel())
+def _later_counts(later: tuple[np.ndarray, np.ndarray], query: np.ndarray) -> np.ndarray:
+    """Accesses after the first minibatch of each id of `query` (0 for an id never accessed)."""
     ids, count = later
-    held = buf.contents().numpy()
-    hits = 0
-    if ids.size and held.size:
-        at = np.minimum(np.searchsorted(ids, held), ids.size - 1)
-        hits = int(count[at][ids[at] == held].sum())
-    return rows + int(count.sum()) - hits
+    if not ids.size or not query.size:
+        return np.zeros(query.size, dtype=np.int64)
+    at = np.minimum(np.searchsorted(ids, query), ids.size - 1)
+    return np.where(ids[at] == query, count[at], 0)
+
+
+def _lookahead_rows(buf: HaloBuffer, remote: list[torch.Tensor], round: Replace,
+                    futures: list[list[torch.Tensor]]) -> int:
+    """A lookahead branch: the regime's round before every minibatch, each through the shared
+    step with what was sampled ahead of it."""
+    rows = 0
+    for ids, ahead in zip(remote, futures):
+        sp = begin_step(buf, ids, round, ahead)
+        finish_step(buf, sp)
+        rows += sp.misses + int(sp.extra_ids.numel())
+    return rows
+
+
+def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarray, np.ndarray],
+                    rounds: dict[str, Replace]) -> tuple[int, dict[str, int]]:
+    """Keep, and each MassiveGNN round at the first minibatch, from `buf` (consumed), without a
+    replay per branch. After the first minibatch no branch changes its buffered set (only a
+    round's `apply` does), so a branch's later hits are the kept set's, minus the victims' and
+    plus the newcomers' later accesses. The first minibatch's misses are every branch's (the
+    split comes before the round). A round's plan with a smaller budget is a prefix of the same
+    plan with a larger one (victims in stale order, newcomers most-missed first, a stable sort),
+    so one plan per stale threshold serves every budget: buffer.plan_massivegnn's own plan."""
+    _, _, _, hit_slots, miss_ids, missed_pos = buf.split(first)
+    misses = int(miss_ids.numel())
+    held_hits = int(_later_counts(later, buf.contents().numpy()).sum())
+    total_later = int(later[1].sum())
+    keep = misses + total_later - held_hits
+    if not rounds:
+        return keep, {}
+    buf.record(hit_slots, missed_pos, count_misses=False)  # a round's minibatch counts no misses
+    out = {}
+    for sa in dict.fromkeys(r.stale_after for r in rounds.values()):
+        group = {k: r for k, r in rounds.items() if r.stale_after == sa}
+        most = None if any(r.max_rows is None for r in group.values()) else max(r.max_rows for r in group.values())
+        victims, newcomers = buf.plan_massivegnn(most, sa)
+        pos = buf.slot_pos[victims]
+        gone = np.where(pos.numpy() >= 0, _later_counts(later, buf.halo[pos.clamp(min=0)].numpy()), 0)
+        came = _later_counts(later, newcomers.numpy())
+        extra = ~torch.isin(newcomers, miss_ids).numpy()
+        cum = lambda x: np.concatenate([[0], np.cumsum(x)])  # noqa: E731  (value of the first n pairs)
+        gone, came, extra = cum(gone), cum(came), cum(extra)
+        for k, r in group.items():
+            n = victims.numel() if r.max_rows is None else min(victims.numel(), r.max_rows)
+            out[k] = misses + int(extra[n]) + total_later - (held_hits - int(gone[n]) + int(came[n]))
+    return keep, out
 
 
 def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str, Replace],
@@ -84,13 +113,13 @@ def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str,
     where more than one)."""
     futures = list(futures)[:len(remote)]
     futures += [[]] * (len(remote) - len(futures))
-    branches = [None, *rounds.values()]
-    later = _later(remote)
-    got = [_branch_rows(start if i == len(branches) - 1 else index_copy(start), remote, later, r, futures)
-           for i, r in enumerate(branches)]
-    return {"past_minibatches": len(remote), "past_keep_fetched": got[0],
+    ahead = {k: r for k, r in rounds.items() if r.mechanism == "lookahead"}
+    got = {k: _lookahead_rows(index_copy(start), remote, r, futures) for k, r in ahead.items()}
+    keep, once = _one_round_rows(start, remote[0], _later(remote), {k: r for k, r in rounds.items() if k not in ahead})
+    got.update(once)
+    return {"past_minibatches": len(remote), "past_keep_fetched": keep,
             **({"past_windows": windows} if windows > 1 else {}),
-            **{f"past_fetched_{label}": n for label, n in zip(rounds, got[1:])}}
+            **{f"past_fetched_{label}": got[label] for label in rounds}}
 
 
 class PastCounterfactual:
