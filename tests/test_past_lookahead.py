@@ -86,28 +86,32 @@ def test_a_lookahead_branch_equals_a_run_with_that_round_before_every_minibatch(
 
 def test_over_several_windows_the_rounds_run_before_every_minibatch_spanned(trace):
     r = _rounds(trace.capacity)
-    wins = _run(trace, {}, {"large": r["large"]}, past_windows=2)
+    wins = _run(trace, {}, {"large_misses": r["large"]}, past_windows=2)
     other = _run(trace, _every(4 * W, 2 * W, r["large"]), None)
     assert wins[5]["past_windows"] == 2 and wins[5]["past_minibatches"] == 2 * W
-    assert wins[5]["past_fetched_large"] == other[4]["fetched_rows"] + other[5]["fetched_rows"]
+    assert wins[5]["past_fetched_large_misses"] == other[4]["fetched_rows"] + other[5]["fetched_rows"]
     assert past_line(wins[5]).startswith("lookahead rounds before each minibatch of the last 2 windows")
 
 
-def test_past_rounds_with_lookahead_are_the_budget_words_with_the_runs_admission():
-    pc = PrefetchConfig(lookahead=8, period=10, admit="any")
+def test_past_rounds_with_lookahead_are_every_budget_and_admission():
+    pc = PrefetchConfig(lookahead=8, period=10, admit="misses")
     r = past_rounds(1000, pc, "lookahead")
-    assert list(r) == ["small", "medium", "large"]
-    assert all(x.mechanism == "lookahead" and x.admit == "any" for x in r.values())
-    assert [x.max_rows for x in r.values()] == [50, 200, 1000]
-    assert list(past_rounds(1000, pc)) [:1] == ["small_stale"]  # MassiveGNN: as before
+    assert list(r) == [f"{b}_{a}" for a in ("misses", "any") for b in ("small", "medium", "large")]
+    assert all(x.mechanism == "lookahead" for x in r.values())
+    assert r["large_any"].admit == "any" and r["small_misses"].admit == "misses"
+    assert [x.max_rows for x in r.values()][:3] == [50, 200, 1000]
+    assert list(past_rounds(1000, pc))[:1] == ["small_stale"]  # MassiveGNN: as before
 
 
-def test_the_line_names_lookahead_rounds_and_the_best_budget():
-    w = {"past_keep_fetched": 1000, "past_fetched_small": 950, "past_fetched_medium": 900, "past_fetched_large": 890}
-    assert past_counterfactual(w) == pytest.approx({"small": -0.05, "medium": -0.1, "large": -0.11})
+def test_the_line_names_lookahead_rounds_and_the_best_one():
+    w = {"past_keep_fetched": 1000, "past_fetched_small_misses": 950, "past_fetched_medium_misses": 900,
+         "past_fetched_large_misses": 890, "past_fetched_large_any": 1020}
+    assert past_counterfactual(w) == pytest.approx(
+        {"small/misses": -0.05, "medium/misses": -0.1, "large/misses": -0.11, "large/any": 0.02})
     line = past_line(w)
     assert line.startswith("lookahead rounds before each of this window's minibatches (replayed) would have: ")
-    assert "small saved 5.0%" in line and line.endswith("best large saved 11.0%")
+    assert "small/misses saved 5.0%" in line and "large/any cost 2.0%" in line
+    assert line.endswith("best large/misses saved 11.0%")
 
 
 def test_judge_past_shows_the_replayed_rounds_and_its_examples_follow_them():
@@ -116,7 +120,7 @@ def test_judge_past_shows_the_replayed_rounds_and_its_examples_follow_them():
     b = ContextBuilder({**CANNED_CONTEXT, "rank": 1, "capacity": 7_000}, "judge-past").build(dict(w, window=9), [], [])
     assert a.messages[:-1] == b.messages[:-1] and a.variant == "judge-past"  # one cached prefix
     assert "lookahead rounds, replayed" in a.messages[0]["content"]
-    assert "best large saved 8.3%" in a.messages[-1]["content"]
+    assert "best large/any saved 9.5%" in a.messages[-1]["content"]
     answers = [json.loads(m["content"]) for m in a.messages[2:-1:2]]
     assert [x["replace"] for x in answers] == [False, True, True]
     for e, x in zip(JUDGE_PAST_CANNED, answers):
@@ -124,8 +128,8 @@ def test_judge_past_shows_the_replayed_rounds_and_its_examples_follow_them():
         jsonschema.validate(x, a.schema)
         best = past_counterfactual(e["window"])
         top = min(best, key=best.get)
-        if x["replace"]:  # the budget of the best replayed round, its saving quoted
-            assert x["budget"] == top and f"{-100 * best[top]:.1f}%" in x["reason"]
+        if x["replace"]:  # the budget and admission of the best replayed round, its saving quoted
+            assert f'{x["budget"]}/{x["admit"]}' == top and f"best {top} {-100 * best[top]:.1f}%" in x["reason"].replace("saved ", "")
         else:
             assert -best[top] < 0.005
     # judge's own prompt does not show it; judge-past's design is its own
@@ -146,7 +150,7 @@ def test_a_steering_policy_with_lookahead_measures_lookahead_rounds(trace, monke
     res = simulate(trace, parse_policy("rule", pc))
     assert len(res.windows) == 40 // W
     for w in res.windows:
-        assert {"past_keep_fetched", "past_fetched_small", "past_fetched_medium", "past_fetched_large"} <= set(w)
+        assert {"past_keep_fetched", "past_fetched_small_misses", "past_fetched_large_any"} <= set(w)
         assert not any(k.endswith(("_stale", "_half")) for k in w if k.startswith("past_fetched_"))
     # measuring changes nothing of the run
     assert plain.summary()["fetched_rows"] == res.summary()["fetched_rows"]

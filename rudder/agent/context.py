@@ -57,6 +57,11 @@ Prompt variants (scored by `rudder agent eval`):
                 counterfactual's best saving, stale shares, hit-rate trend), both answers shown
                 where the pool has both, the nearest's answer last; reasons written from each pool
                 window's own past counterfactual and its judged label (pool_reason).
+  judge-past    judge (lookahead on) plus the past counterfactual of lookahead rounds: the
+                window just closed replayed from the buffer as it was at its start with a round
+                before every minibatch (each budget and admit word) and without, as
+                "saved / cost" shares (BENCHMARKS 7q); judge's three windows with that fact
+                added, keep first, each reason quoting it; no own history (as 2b).
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -344,28 +349,34 @@ JUDGE_CANNED: list[dict[str, Any]] = [
 # ---- judge-past: judge (lookahead on) with the lookahead rounds' past counterfactual ---------
 # judge's windows plus one measured past fact, as judge-history-2b gives history-only runs: the
 # window just closed, replayed from the buffer as it was at its start with a lookahead round
-# before every minibatch (each budget word, the run's admission) and without (rudder.prefetch.past;
-# window fields past_keep_fetched, past_fetched_<budget>). Under judge and default SmolLM2 kept at
+# before every minibatch (each budget and admit word) and without (rudder.prefetch.past; window
+# fields past_keep_fetched, past_fetched_<budget>_<admit>). Under judge and default SmolLM2 kept at
 # 7 and 12 of stationary's 12 windows where a round saves ~10% of rows (BENCHMARKS 7p). judge's
 # three windows with that fact added; each reason quotes it first; no own history (as 2b).
 JUDGE_PAST_SYSTEM = JUDGE_SYSTEM.replace(
     "Action (holds until",
     "- lookahead rounds, replayed: the window just closed played again from the buffer as it was at its start, "
-    "with a round before every minibatch (each budget word) and without: the share of the window's fetched rows "
-    "those rounds would have saved, or cost. Measured on the past, not a forecast\n"
+    "with a round before every minibatch (each budget and admit word) and without: the share of the window's "
+    "fetched rows those rounds would have saved, or cost. Measured on the past, not a forecast\n"
     "Action (holds until")
-# judge's windows, keep first (small models copy the last example: the saturated link's replace)
+LOOKAHEAD_PAST_ORDER = [(b, a) for a in ("misses", "any") for b in ("small", "medium", "large")]
+# judge's windows, keep first (small models copy the last example), each round replayed with
+# either admission: admitting ahead pays where the link has slack and the stream returns, and costs
+# rows where it does not
 JUDGE_PAST_CANNED: list[dict[str, Any]] = [
     {**ex, "window": {**ex["window"], "past_minibatches": 10, "past_keep_fetched": ex["window"]["fetched_rows"],
-                      **{f"past_fetched_{b}": v for b, v in zip(("small", "medium", "large"), rows)}},
+                      **{f"past_fetched_{b}_{a}": v for (b, a), v in zip(LOOKAHEAD_PAST_ORDER, rows)}},
      "answer": {**ex["answer"], **answer}}
-    for ex, rows, answer in zip([JUDGE_CANNED[i] for i in (1, 2, 0)],
-                                [(46800, 46760, 46740), (61200, 58300, 57200), (74900, 70600, 68400)], [
-        {"reason": "rounds saved at most 0.1%, hit rate steady, 3% lacking ahead: keep"},
-        {"reason": "rounds saved up to 8.3% (large), link slack 0.42 s, 18% lacking ahead: replace",
-         "budget": "large"},
-        {"reason": "rounds saved up to 10.9% (large), hit rate falling, 26% lacking ahead: replace",
-         "budget": "large"},
+    for ex, rows, answer in zip([JUDGE_CANNED[i] for i in (1, 2, 0)], [
+        (46800, 46760, 46740, 47300, 47900, 48200),
+        (61200, 58300, 57200, 60900, 57100, 56500),
+        (74900, 70600, 68400, 75800, 74100, 78000),
+    ], [
+        {"reason": "best large/misses saved 0.1%, hit rate steady, 3% lacking ahead: keep", "admit": "misses"},
+        {"reason": "best large/any saved 9.5%, link slack 0.42 s, 18% lacking ahead: replace",
+         "budget": "large", "admit": "any"},
+        {"reason": "best large/misses saved 10.9%, hit rate falling, link saturated: replace",
+         "budget": "large", "admit": "misses"},
     ])
 ]
 
@@ -479,7 +490,7 @@ PAST_SYSTEM = JUDGE_HISTORY_SYSTEM.replace(
 PAST_CONTEXT = HISTORY_CONTEXT  # the same held-out trainer's facts (halo 5,680, capacity 1,420)
 PAST_ORDER = [(b, e) for e in ("stale", "half") for b in ("small", "medium", "large")]
 # the labels of Policy.past_rounds (rudder.agent.steering.past_rounds): MassiveGNN, then lookahead
-PAST_LABELS = [f"{b}_{e}" for b, e in PAST_ORDER] + ["small", "medium", "large"]
+PAST_LABELS = [f"{b}_{x}" for b, x in PAST_ORDER + LOOKAHEAD_PAST_ORDER]
 
 
 def _past(keep: int, rows: dict[str, int]) -> dict:
@@ -548,7 +559,7 @@ PAST_CANNED: list[dict[str, Any]] = [
 
 
 def past_counterfactual(w: dict) -> dict[str, float] | None:
-    """{"<budget>/<evict>" (MassiveGNN rounds) or "<budget>" (lookahead rounds): change of the
+    """{"<budget>/<evict>" (MassiveGNN rounds) or "<budget>/<admit>" (lookahead rounds): change of the
     window's fetched rows had that decision been taken at its start, relative to no round
     (negative: saved rows)}, from the window's past counterfactual fields
     (rudder.prefetch.past); None where it has none."""
@@ -574,7 +585,7 @@ def past_line(w: dict) -> str | None:
         return None
     best = min(pc, key=lambda k: (pc[k], list(pc).index(k)))
     n = int(w.get("past_windows") or 1)  # prefetch.past_windows: a round n - 1 windows before this one
-    if all("/" not in k for k in pc):  # lookahead rounds: one before every minibatch
+    if all(k.endswith(("/misses", "/any")) for k in pc):  # lookahead rounds: one before every minibatch
         head = ("lookahead rounds before each of this window's minibatches (replayed) would have: " if n == 1 else
                 f"lookahead rounds before each minibatch of the last {n} windows (replayed) would have: ")
     else:

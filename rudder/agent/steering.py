@@ -43,6 +43,7 @@ from rudder.records import DecisionRecord, outcome_fields
 log = logging.getLogger(__name__)
 
 RECENT_WINDOWS = 3  # earlier windows kept for the hit-rate trend
+ADMITS = ("misses", "any")  # a lookahead round's admission (the judge prompts' `admit` word)
 
 
 def make_round(mechanism: str, rows: int | None, source: str, admit: str, evict: str | None,
@@ -56,16 +57,16 @@ def make_round(mechanism: str, rows: int | None, source: str, admit: str, evict:
 def past_rounds(capacity: int, cfg, mechanism: str = "massivegnn") -> dict[str, Replace]:
     """The rounds whose effect on the window just closed the past counterfactual measures
     (Policy.past_rounds), as a decision's round: MassiveGNN, every budget word x evict word,
-    labelled "<budget>_<evict>"; lookahead, every budget word with the run's admission,
-    labelled "<budget>" (the evict word means nothing there). The window fields:
+    labelled "<budget>_<evict>"; lookahead, every budget word x admission, labelled
+    "<budget>_<admit>" (the evict word means nothing there). The window fields:
     `past_fetched_<label>`."""
     from rudder.agent.messages import BUDGET_SHARE
     from rudder.agent.messages import budget_rows as word_rows
     from rudder.prefetch.policy import EVICT_PERIODS
 
     if mechanism == "lookahead":
-        return {b: make_round("lookahead", word_rows(b, capacity), "past", cfg.admit, None, cfg.period)
-                for b in BUDGET_SHARE}
+        return {f"{b}_{a}": make_round("lookahead", word_rows(b, capacity), "past", a, None, cfg.period)
+                for a in ADMITS for b in BUDGET_SHARE}
     return {f"{b}_{e}": make_round("massivegnn", word_rows(b, capacity), "past", cfg.admit, e, cfg.period)
             for e in EVICT_PERIODS for b in BUDGET_SHARE}
 
