@@ -23,38 +23,11 @@ from rudder.agent.context import (
 from rudder.agent.messages import Answer, HistoryEntry
 from rudder.agent.steering import past_rounds
 from rudder.config import PrefetchConfig
-from rudder.prefetch.policy import Policy, Replace
-from rudder.sim.replay import BufferReplayer, PositionTrace, replay
+from rudder.prefetch.policy import Replace
 from rudder.sim.tracegen import random_trace
 
-W = 5
-
-
-class _Rounds(Policy):
-    """Rounds at chosen minibatches ({step: Replace}); wants the past counterfactual of `wants`."""
-
-    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace] | None, past_windows: int = 1):
-        self.at, self.wants, self.windows, self.past_windows = at, wants, [], past_windows
-
-    def past_rounds(self):
-        return self.wants
-
-    def observe(self, metrics, window=None):
-        if window is not None:
-            self.windows.append(dict(window))
-
-    def plan(self, step):
-        return self.at.get(step.global_step)
-
-
-def _run(trace, at, wants, past_windows=1):
-    pt = PositionTrace(trace)
-    pol = _Rounds(at, wants, past_windows)
-    rp = BufferReplayer(pt, pol, trace.capacity, alpha=0.1, period=6, depth=0, window=W)
-    rp.fill(trace.init_positions()[: trace.capacity])
-    counts = replay(pt, rp)
-    return pol.windows, counts
-
+from past_replays import W  # tests/past_replays.py
+from past_replays import run_rounds as _run
 
 @pytest.fixture(scope="module")
 def trace():

@@ -14,37 +14,16 @@ from rudder.agent.context import CANNED_CONTEXT, JUDGE_PAST_CANNED, ContextBuild
 from rudder.agent.messages import Answer
 from rudder.agent.steering import past_rounds
 from rudder.config import PrefetchConfig
-from rudder.prefetch.policy import Policy, Replace
-from rudder.sim.replay import BufferReplayer, PositionTrace, replay
+from rudder.prefetch.policy import Replace
 from rudder.sim.tracegen import random_trace
 
-W, DEPTH = 5, 4
+from past_replays import W, run_rounds  # tests/past_replays.py
 
-
-class _Rounds(Policy):
-    """A round before each chosen minibatch ({step: Replace}); wants the past counterfactual of `wants`."""
-
-    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace] | None, past_windows: int = 1):
-        self.at, self.wants, self.windows, self.past_windows = at, wants, [], past_windows
-
-    def past_rounds(self):
-        return self.wants
-
-    def observe(self, metrics, window=None):
-        if window is not None:
-            self.windows.append(dict(window))
-
-    def plan(self, step):
-        return self.at.get(step.global_step)
+DEPTH = 4
 
 
 def _run(trace, at, wants, past_windows=1):
-    pt = PositionTrace(trace)
-    pol = _Rounds(at, wants, past_windows)
-    rp = BufferReplayer(pt, pol, trace.capacity, alpha=0.1, period=6, depth=DEPTH, window=W)
-    rp.fill(trace.init_positions()[: trace.capacity])
-    replay(pt, rp)
-    return pol.windows
+    return run_rounds(trace, at, wants, past_windows, depth=DEPTH)[0]
 
 
 def _every(first: int, n: int, r: Replace) -> dict[int, Replace]:
