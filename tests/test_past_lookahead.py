@@ -99,7 +99,7 @@ def test_judge_past_shows_the_replayed_rounds_and_its_examples_follow_them():
     b = ContextBuilder({**CANNED_CONTEXT, "rank": 1, "capacity": 7_000}, "judge-past").build(dict(w, window=9), [], [])
     assert a.messages[:-1] == b.messages[:-1] and a.variant == "judge-past"  # one cached prefix
     assert "lookahead rounds, replayed" in a.messages[0]["content"]
-    assert "best large/any saved 9.5%" in a.messages[-1]["content"]
+    assert "best large/misses saved 8.3%" in a.messages[-1]["content"]
     answers = [json.loads(m["content"]) for m in a.messages[2:-1:2]]
     assert [x["replace"] for x in answers] == [False, True, True]
     for e, x in zip(JUDGE_PAST_CANNED, answers):
