@@ -128,12 +128,14 @@ PINNED_PROMPTS = [
     (("judge-history-2b",), 56, "9bdfe3c680405e52522858fe6243807a5bb1a91f2cebd1b94fb2e1a2e6b863f1"),  # without own decisions
     # h18e: 2b with its examples retrieved per window from the held-out pool (history_pool.jsonl)
     (("judge-history-3",), 56, "57b5f406e2e2c1f355739a744e26a88e7996fdb5e58f9b18a1d2ffbb7a138d55"),
+    # judge with the lookahead rounds' past counterfactual (BENCHMARKS 7q)
+    (("judge-past",), 56, "654edb02d7867bac8b5a6692e2f1b68696806d168ba260c006f17bba0ad36402"),
 ]
 
 
 @pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS,
                          ids=["five", "default", "judge", "judge-history", "judge-history-2", "judge-history-2b",
-                              "judge-history-3"])
+                              "judge-history-3", "judge-past"])
 def test_prompts_are_byte_identical(variants, count, pinned):
     """Every labelled window's prompt under every variant, digested: a change to any prompt
     (text, schema or design hash) changes this digest. Re-pin only for an intended change."""
