@@ -312,6 +312,21 @@ class RunConfig(Strict):
         check_policy_name(v.policy)
         return v
 
+    @model_validator(mode="after")
+    def _prompt_fits_the_rounds(self) -> "RunConfig":
+        """The judge prompts that show the past counterfactual describe one kind of round:
+        judge-history* a MassiveGNN round (no lookahead), judge-past lookahead rounds."""
+        if self.prefetch.policy != "agent":
+            return self
+        ahead, prompt = sample_ahead(self.prefetch) > 0, self.agent.prompt
+        if prompt == "judge-past" and not ahead:
+            raise ValueError("agent.prompt judge-past shows lookahead rounds: it needs prefetch.lookahead > 0 "
+                             "(for a run without lookahead: judge-history-2b)")
+        if prompt.startswith("judge-history") and ahead:
+            raise ValueError(f"agent.prompt {prompt} is for runs without lookahead (prefetch.lookahead: 0, "
+                             f"got {self.prefetch.lookahead}); with lookahead: judge or judge-past")
+        return self
+
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the key."""

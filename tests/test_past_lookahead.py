@@ -133,3 +133,23 @@ def test_a_steering_policy_with_lookahead_measures_lookahead_rounds(trace, monke
         assert not any(k.endswith(("_stale", "_half")) for k in w if k.startswith("past_fetched_"))
     # measuring changes nothing of the run
     assert plain.summary()["fetched_rows"] == res.summary()["fetched_rows"]
+
+
+def test_a_past_prompt_must_fit_the_runs_rounds():
+    """judge-past describes lookahead rounds, judge-history* a MassiveGNN round: a run config
+    that pairs either with the other mechanism is refused, naming both keys."""
+    from pydantic import ValidationError
+
+    from rudder.config import RunConfig
+
+    def cfg(prompt, lookahead, policy="agent"):
+        return RunConfig.model_validate({"prefetch": {"policy": policy, "lookahead": lookahead},
+                                         "agent": {"prompt": prompt}})
+
+    with pytest.raises(ValidationError, match="judge-past shows lookahead rounds: it needs prefetch.lookahead > 0"):
+        cfg("judge-past", 0)
+    with pytest.raises(ValidationError, match="judge-history-2b is for runs without lookahead.*got 8"):
+        cfg("judge-history-2b", 8)
+    assert cfg("judge-past", 8).agent.prompt == "judge-past"
+    assert cfg("judge-history-2b", 0).prefetch.lookahead == 0
+    assert cfg("judge-past", 0, policy="fixed").prefetch.policy == "fixed"  # no agent: no prompt read
