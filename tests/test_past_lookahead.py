@@ -153,3 +153,8 @@ def test_a_past_prompt_must_fit_the_runs_rounds():
     assert cfg("judge-past", 8).agent.prompt == "judge-past"
     assert cfg("judge-history-2b", 0).prefetch.lookahead == 0
     assert cfg("judge-past", 0, policy="fixed").prefetch.policy == "fixed"  # no agent: no prompt read
+
+
+def test_a_round_of_an_unknown_mechanism_is_named(trace):
+    with pytest.raises(ValueError, match="unknown replacement mechanism in past rounds: {'x': 'lru'}"):
+        _run(trace, {}, {"x": Replace("lru", 10, "t")})

@@ -352,7 +352,7 @@ JUDGE_CANNED: list[dict[str, Any]] = [
 # before every minibatch (each budget and admit word) and without (rudder.prefetch.past; window
 # fields past_keep_fetched, past_fetched_<budget>_<admit>). Under judge and default SmolLM2 kept at
 # 7 and 12 of stationary's 12 windows where a round saves ~10% of rows (BENCHMARKS 7p). judge's
-# three windows with that fact added; each reason quotes it first; no own history (as 2b).
+# three windows with that fact added; each reason quotes its best round first; no own history (as 2b).
 JUDGE_PAST_SYSTEM = JUDGE_SYSTEM.replace(
     "Action (holds until",
     "- lookahead rounds, replayed: the window just closed played again from the buffer as it was at its start, "
@@ -361,8 +361,8 @@ JUDGE_PAST_SYSTEM = JUDGE_SYSTEM.replace(
     "Action (holds until")
 LOOKAHEAD_PAST_ORDER = [(b, a) for a in ("misses", "any") for b in ("small", "medium", "large")]
 # judge's windows, keep first (small models copy the last example), each round replayed with
-# either admission: admitting ahead pays where the link has slack and the stream returns, and costs
-# rows where it does not
+# either admission; `misses` is the best admission in all three, as it is in rows on the streams
+# measured (BENCHMARKS 7q: with an example where `any` was best, SmolLM2 answered any everywhere)
 JUDGE_PAST_CANNED: list[dict[str, Any]] = [
     {**ex, "window": {**ex["window"], "past_minibatches": 10, "past_keep_fetched": ex["window"]["fetched_rows"],
                       **{f"past_fetched_{b}_{a}": v for (b, a), v in zip(LOOKAHEAD_PAST_ORDER, rows)}},

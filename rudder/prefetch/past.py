@@ -9,11 +9,13 @@ window's fetched rows, a measured past fact.
 One code path for the replay (rudder.sim.replay.BufferReplayer) and live training (the loader
 thread, rudder.pipeline): both call `PastCounterfactual.step` before each minibatch is served
 and `close` on each window record. It keeps a copy of the buffer's index and scores (no feature
-rows: `index_copy`) at each window start and the window's remote id lists; the close replays
-them on copies of that index: the first minibatch through the shared step (begin_step/
-finish_step) with the branch's round, the later ones as lookups in the buffered set that round
-left (no later round changes it); a lookahead branch takes every minibatch through the shared
-step, each with its round. Buffer arithmetic only: no feature row and no DGL RPC. Its
+rows: `index_copy`) at each window start, the window's remote id lists and what was sampled
+ahead of each. At the close, keep and the MassiveGNN rounds take the first minibatch's split
+once and one plan per stale threshold (the buffer's own plan; every budget a prefix of it), the
+later minibatches as lookups in the buffered set each branch leaves (no later round changes it):
+`_one_round_rows`; a lookahead branch takes every minibatch through the shared step
+(begin_step/finish_step) on its own copy, each with its round. Buffer arithmetic only: no
+feature row and no DGL RPC. Its
 seconds (the copy at the window's start and the replays at its close) go in the window record
 as `t_past_cf`.
 """
@@ -68,6 +70,11 @@ def _later_counts(later: tuple[np.ndarray, np.ndarray], query: np.ndarray) -> np
     return np.where(ids[at] == query, count[at], 0)
 
 
+def _prefix_sums(x: np.ndarray) -> np.ndarray:
+    """[0, x0, x0 + x1, ...]: element n is the total of a plan's first n pairs."""
+    return np.concatenate([[0], np.cumsum(x)])
+
+
 def _lookahead_rows(buf: HaloBuffer, remote: list[torch.Tensor], round: Replace,
                     futures: list[list[torch.Tensor]]) -> int:
     """A lookahead branch: the regime's round before every minibatch, each through the shared
@@ -106,8 +113,7 @@ def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarra
         gone = np.where(pos.numpy() >= 0, _later_counts(later, buf.halo[pos.clamp(min=0)].numpy()), 0)
         came = _later_counts(later, newcomers.numpy())
         extra = ~torch.isin(newcomers, miss_ids).numpy()
-        cum = lambda x: np.concatenate([[0], np.cumsum(x)])  # noqa: E731  (value of the first n pairs)
-        gone, came, extra = cum(gone), cum(came), cum(extra)
+        gone, came, extra = _prefix_sums(gone), _prefix_sums(came), _prefix_sums(extra)
         for k, r in group.items():
             n = victims.numel() if r.max_rows is None else min(victims.numel(), r.max_rows)
             out[k] = misses + int(extra[n]) + total_later - (held_hits - int(gone[n]) + int(came[n]))
@@ -120,6 +126,9 @@ def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str,
     and with each of `rounds`; `futures`: what was sampled ahead of each minibatch of `remote`
     (missing ones: nothing); `windows`: how many windows `remote` spans (past_windows, written
     where more than one)."""
+    bad = {k: r.mechanism for k, r in rounds.items() if r.mechanism not in ("massivegnn", "lookahead")}
+    if bad:
+        raise ValueError(f"unknown replacement mechanism in past rounds: {bad}")
     futures = list(futures)[:len(remote)]
     futures += [[]] * (len(remote) - len(futures))
     ahead = {k: r for k, r in rounds.items() if r.mechanism == "lookahead"}
