@@ -7,7 +7,7 @@ HistoryEntry  a past decision with its measured outcome, as shown to the model i
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +22,7 @@ Budget = Literal["small", "medium", "large"]
 # node the sampled-ahead minibatches need (rows pulled ahead of use: link time now, misses saved
 # later). The `judge` prompt variant lets the model choose it; the others leave it to the config.
 Admit = Literal["misses", "any"]
+ADMITS: tuple[str, ...] = get_args(Admit)  # a lookahead round's admission words
 # Which slots a history-only (MassiveGNN) round counts stale: `stale` = not hit for
 # prefetch.period minibatches (the mechanism's own), `half` = for half as long (more slots free).
 # The `judge-history` prompt variant lets the model choose it per round (issue 18's "which

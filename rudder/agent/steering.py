@@ -43,7 +43,6 @@ from rudder.records import DecisionRecord, outcome_fields
 log = logging.getLogger(__name__)
 
 RECENT_WINDOWS = 3  # earlier windows kept for the hit-rate trend
-ADMITS = ("misses", "any")  # a lookahead round's admission (the judge prompts' `admit` word)
 
 
 def make_round(mechanism: str, rows: int | None, source: str, admit: str, evict: str | None,
@@ -60,7 +59,7 @@ def past_rounds(capacity: int, cfg, mechanism: str = "massivegnn") -> dict[str, 
     labelled "<budget>_<evict>"; lookahead, every budget word x admission, labelled
     "<budget>_<admit>" (the evict word means nothing there). The window fields:
     `past_fetched_<label>`."""
-    from rudder.agent.messages import BUDGET_SHARE
+    from rudder.agent.messages import ADMITS, BUDGET_SHARE
     from rudder.agent.messages import budget_rows as word_rows
     from rudder.prefetch.policy import EVICT_PERIODS
 
