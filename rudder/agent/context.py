@@ -360,7 +360,7 @@ JUDGE_PAST_SYSTEM = JUDGE_SYSTEM.replace(
     "with a round before every minibatch (each budget and admit word) and without: the share of the window's "
     "fetched rows those rounds would have saved, or cost. Measured on the past, not a forecast\n"
     "Action (holds until")
-LOOKAHEAD_PAST_ORDER = [(b, a) for a in ADMITS for b in ("small", "medium", "large")]
+LOOKAHEAD_PAST_ORDER = [(b, a) for a in ADMITS for b in BUDGET_SHARE]
 # judge's windows, keep first (small models copy the last example), each round replayed with
 # either admission; `misses` is the best admission in all three, as it is in rows on the streams
 # measured (BENCHMARKS 7q: with an example where `any` was best, SmolLM2 answered any everywhere)

@@ -24,13 +24,13 @@ from __future__ import annotations
 import collections
 import copy
 import time
-from typing import Callable
+from typing import Callable, get_args
 
 import numpy as np
 import torch
 
 from rudder.prefetch.buffer import HaloBuffer
-from rudder.prefetch.policy import Replace
+from rudder.prefetch.policy import Mechanism, Replace
 from rudder.prefetch.step import begin_step, finish_step
 
 
@@ -126,7 +126,7 @@ def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str,
     and with each of `rounds`; `futures`: what was sampled ahead of each minibatch of `remote`
     (missing ones: nothing); `windows`: how many windows `remote` spans (past_windows, written
     where more than one)."""
-    bad = {k: r.mechanism for k, r in rounds.items() if r.mechanism not in ("massivegnn", "lookahead")}
+    bad = {k: r.mechanism for k, r in rounds.items() if r.mechanism not in get_args(Mechanism)}
     if bad:
         raise ValueError(f"unknown replacement mechanism in past rounds: {bad}")
     futures = list(futures)[:len(remote)]
