@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 MIXED = ["history_cold_small", "history_cold"]  # the scenarios whose labels mix (BENCHMARKS 7c, 7f)
 COINS = ["small_stale", "medium_stale", "large_half"]
-TIMING = ("t_past_cf",)  # the measurement's own seconds: not a signal, not deterministic
+TIMING = ("t_past_cf", "t_past_loader")  # the measurement's own seconds: not a signal, not deterministic
 
 
 def _signals(w: dict) -> dict:

@@ -5,9 +5,12 @@ it equals the replay's on the run's own recorded trace.
 
 For each live run (a run dir of `rudder run` / bench_scenario_live.py whose windows carry the
 past counterfactual: the agent with a past prompt variant, judge-history-2 / -2b):
-  cost     t_past_cf per window (the index copy at its start + the 7 branch replays at its
-           close, in the loader thread): median / max ms, and their sum over the run's epochs'
-           time (an upper bound of what it adds: the loader overlaps the training thread)
+  cost     t_past_cf per window (the index copy at its start + the branch replays at its
+           close): median / max ms, and their sum over the run's epochs' time; t_past_loader:
+           the loader thread's share of it (all of it on the loader; the index copy alone with
+           prefetch.past_thread, the replays on a thread of their own), median ms and its sum
+           over the epochs' time (an upper bound of what it adds: the loader overlaps the
+           training thread)
   replay   the run's trace replayed with its recorded actions (rudder.agent.hindsight.
            RecordedActions: each applied decision at its step, the fallback where it steered;
            the replay checks every minibatch's hits against the run's) by a policy that asks
@@ -28,16 +31,20 @@ from rudder.records import read_jsonl, read_run  # noqa: E402
 
 
 def past_cost(run_dir: Path, ranks: int) -> dict:
-    """{windows, past_windows, t_past_cf_ms_median, t_past_cf_ms_max, past_share}: the live
-    counterfactual's seconds from the window records (past_share: their sum / the epochs' sum,
-    over all ranks)."""
+    """{windows, past_windows, t_past_cf_ms_median, t_past_cf_ms_max, past_share,
+    t_past_loader_ms_median, loader_share}: the live counterfactual's seconds from the window
+    records (the shares: their sum / the epochs' sum, over all ranks)."""
     wins = [w for r in range(ranks) for w in read_jsonl(run_dir / f"windows-r{r}.jsonl")]
     eps = [e for r in range(ranks) for e in read_jsonl(run_dir / f"epochs-r{r}.jsonl")]
     t = [w["t_past_cf"] for w in wins if w.get("t_past_cf") is not None]
     out = {"windows": len(wins), "past_windows": len(t)}
     if t:
+        epochs = max(sum(e["t_epoch"] for e in eps), 1e-9)
         out.update(t_past_cf_ms_median=1e3 * statistics.median(t), t_past_cf_ms_max=1e3 * max(t),
-                   past_share=sum(t) / max(sum(e["t_epoch"] for e in eps), 1e-9))
+                   past_share=sum(t) / epochs)
+        lt = [w["t_past_loader"] for w in wins if w.get("t_past_loader") is not None]
+        if lt:  # runs before prefetch.past_thread have none: all of it was the loader's
+            out.update(t_past_loader_ms_median=1e3 * statistics.median(lt), loader_share=sum(lt) / epochs)
     return out
 
 

@@ -19,7 +19,8 @@ quoted against the best fixed setting (min over the fixed:* words given) of the 
 On a 2-core host the agent's model shares the trainers' cores: its epoch time is its CPU cost,
 its decisions' worth is the replay's (bench_baselines.py), or live a script: word's (its answers
 without its CPU).
---set KEY=VALUE overrides a scenario key for every run (as `rudder run --set`); --belady adds
+--set KEY=VALUE overrides a scenario key for every run (as `rudder run --set`), WORD@KEY=VALUE for
+WORD's runs only (e.g. script:DIR@prefetch.past_thread=false beside script:DIR); --belady adds
 each run's hits as a share of Belady's over all remote nodes on its own traces (`rudder oracle`'s
 yardstick). Validation accuracy is the end-of-run pass (train.eval_every 0).
 --replay WORD: afterwards, the traces of WORD's first run (every rank) are replayed (`rudder
@@ -47,7 +48,17 @@ from rudder.runner import execute_run  # noqa: E402
 
 
 def overrides_for(word: str) -> dict:
-    """A policy word -> the config keys it sets (module docstring)."""
+    """A policy word -> the config keys it sets (module docstring); `WORD@KEY=VALUE[@...]` sets
+    those keys for that word's runs only (two words that differ by one key, side by side)."""
+    word, *extra = word.split("@")
+    try:
+        own = parse_overrides(extra)
+    except ValueError as exc:
+        raise SystemExit(f"bad policy word {word!r}: {exc}") from None
+    return {**_policy_keys(word), **own}
+
+
+def _policy_keys(word: str) -> dict:
     base, _, arg = word.partition(":")
     if base in ("none", "static") and not arg:
         return {"prefetch.policy": base}
@@ -170,9 +181,11 @@ def main() -> None:
 
 
 def run_id(scenario: str, word: str, rnd: int) -> str:
+    word, *extra = word.split("@")
     if word.startswith("script:"):  # a directory: its name stands for it
         folder, _, prompt = word.split(":", 1)[1].partition(":")
         word = "script:" + Path(folder).name + (f":{prompt}" if prompt else "")
+    word = "_".join([word, *(e.replace("=", "-") for e in extra)])  # KEY=VALUE -> KEY-VALUE
     return f"live-{Path(scenario).stem}-{word.replace(':', '_').replace('+', '_')}-{rnd}"
 
 
@@ -222,11 +235,14 @@ def live_table(args, words, results: dict[str, list[dict]]) -> dict:
     past = [w for w in words if any(r["past"]["past_windows"] for r in results[w])]
     if past:
         print("\nthe past counterfactual live (per round: windows measured, t_past_cf median / max ms, "
-              "sum / epochs' time)\n")
+              "sum / epochs' time; the loader thread's share: t_past_loader median ms, sum / epochs' time)\n")
         for w in past:
             print(f"- {w}: " + "; ".join(
                 f"{p['past_windows']} windows, {p['t_past_cf_ms_median']:.1f} / {p['t_past_cf_ms_max']:.1f} ms, "
-                f"{100 * p['past_share']:.2f}%" for p in (r["past"] for r in results[w]) if p["past_windows"]))
+                f"{100 * p['past_share']:.2f}%"
+                + (f"; loader {p['t_past_loader_ms_median']:.1f} ms, {100 * p['loader_share']:.2f}%"
+                   if "loader_share" in p else "")
+                for p in (r["past"] for r in results[w]) if p["past_windows"]))
     return {"reference": ref, "median": med, "runs": results}
 
 

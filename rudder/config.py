@@ -190,6 +190,10 @@ class PrefetchConfig(Strict):
     # window past_windows - 1 before the one just closed, replayed over all of them; where a
     # round pays back over more than a window (synth-bench: 20-40 minibatches, BENCHMARKS 7o)
     past_windows: int = Field(1, ge=1, le=16)
+    # the past counterfactual's replays at a window's close on a thread of their own, not the
+    # loader's: the next minibatch's pull is not held behind them (the loader keeps the index
+    # copy at the window's start; BENCHMARKS 7r)
+    past_thread: bool = True
     record_trace: bool = True  # remote-access trace for `rudder oracle` and `rudder sim`
     # What the buffer may hold: the 1-hop `halo`, or any `remote` id the trainer samples (2+ hops
     # too), found through a bounded RemoteIndex of universe_max_nodes ids (None: 2 x the halo).

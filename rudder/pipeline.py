@@ -181,6 +181,7 @@ class MinibatchPipeline:
         sample_next_epoch: bool = False,  # sample epoch e+1 during e (schedule_ahead)
         start_depth: int | None = None,  # sample_next_epoch: the first epoch's future at its start
         pulls_in_flight: int = 1,  # >1: the next minibatches' pulls are sent before this one's is received
+        past_thread: bool = False,  # the past counterfactual's replays off the loader thread (rudder.prefetch.past)
     ):
         self.sample_iter_factory = sample_iter_factory
         self.feats = feats
@@ -200,7 +201,7 @@ class MinibatchPipeline:
         self._pending: collections.deque[_Started] = collections.deque()
         self.epoch_ends_in_flight = 0  # epoch ends crossed with a pull still on the wire
         # the window records' past counterfactual when the policy wants it (the replay's code)
-        self.past = PastCounterfactual.of(policy)
+        self.past = PastCounterfactual.of(policy, background=past_thread)
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -262,6 +263,8 @@ class MinibatchPipeline:
             self._q.put(_Done())
         except BaseException as exc:  # surfaced in the training thread
             self._q.put(_Done(exc))
+        finally:
+            self.past.shutdown()  # no more windows (those handed to its thread still finish)
 
     def _sampled(self, epoch: int) -> _Sampled:
         steps = self.steps_per_epoch if epoch < self.epochs else 0
@@ -367,7 +370,7 @@ class MinibatchPipeline:
         record = rec.to_dict()
         window = self.collector.add(record, lambda: buffer_state(self.feats.buffer, s.future, roll=True))
         if window is not None:
-            self.past.close(window)  # before the policy observes it (t_past_cf: its seconds)
+            self.past.close(window)  # before the policy observes it (past_thread: a future of it)
         t_obs = time.perf_counter()
         self.policy.observe(record, window)
         t_pol = s.t_plan + time.perf_counter() - t_obs

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         hold_after=evaluates,  # the loader waits while this thread evaluates (DGL RPC)
         sample_next_epoch=next_epoch,
         start_depth=pc.lookahead,  # the first epoch starts once 1 + lookahead are sampled
-        pulls_in_flight=tc.pulls_in_flight,
+        pulls_in_flight=tc.pulls_in_flight, past_thread=pc.past_thread,
     )
     out = RecordFiles(args.run_dir, part.rank)
     (args.run_dir / f"context-r{part.rank}.json").write_text(json.dumps(ctx.__dict__, default=str))
@@ -378,24 +378,38 @@ def trace_writer(run_dir: Path, part: Partition, feats, capacity: int):
 
 # ---- the loop's helpers ----------------------------------------------------------------------
 class RecordFiles:
-    """minibatches/epochs/windows/decisions-r<R>.jsonl (rudder.records), flushed per line."""
+    """minibatches/epochs/windows/decisions-r<R>.jsonl (rudder.records), flushed per line. A
+    window whose past counterfactual is still measured off the loader (prefetch.past_thread)
+    is written, in order, at the first write after its measurement ends: the training thread
+    never waits for it (at the close it does)."""
 
     def __init__(self, run_dir: Path, rank: int):
+        import collections
+
+        from rudder.prefetch import past
         from rudder.records import JsonlWriter
 
+        self.past = past
         self.files = {k: JsonlWriter(run_dir / f"{k}-r{rank}.jsonl")
                       for k in ("minibatches", "epochs", "windows", "decisions")}
         self.epochs = self.files["epochs"]
+        self._windows: collections.deque[dict] = collections.deque()  # not yet written, oldest first
 
     def write(self, minibatch=None, window: dict | None = None, decisions: list[dict] = ()) -> None:
         if minibatch is not None:
             self.files["minibatches"].write(minibatch.to_dict())
         if window is not None:
-            self.files["windows"].write(window)
+            self._windows.append(window)
+        self._write_windows(wait=False)
         for d in decisions:
             self.files["decisions"].write(d)
 
+    def _write_windows(self, wait: bool) -> None:
+        while self._windows and (wait or self.past.measured(self._windows[0])):
+            self.files["windows"].write(self.past.settle(self._windows.popleft()))
+
     def close(self) -> None:
+        self._write_windows(wait=True)
         for w in self.files.values():
             w.close()
 

@@ -82,3 +82,10 @@ def test_a_script_word_runs_the_agent_on_recorded_answers():
     # with a prompt of its own (e.g. one whose windows carry no past counterfactual)
     assert overrides_for("script:/tmp/x/sim-run:judge-history")["agent.prompt"] == "judge-history"
     assert run_id("s.yaml", "script:/tmp/x/sim-run:judge-history", 0) == "live-s-script_sim-run_judge-history-0"
+    # a key of its own (two words that differ by it, side by side)
+    word = "script:/tmp/x/sim-run@prefetch.past_thread=false"
+    assert overrides_for(word) == {**overrides_for("script:/tmp/x/sim-run"), "prefetch.past_thread": False}
+    rid = run_id("s.yaml", word, 1)
+    assert check_name(rid, "run id") == rid == "live-s-script_sim-run_prefetch.past_thread-false-1"
+    with pytest.raises(SystemExit, match="bad policy word 'fixed:5'.*KEY=VALUE"):
+        overrides_for("fixed:5@prefetch.period")

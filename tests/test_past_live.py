@@ -16,7 +16,7 @@ from rudder.pipeline import MinibatchPipeline, TimedCollate
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.features import BufferedFeatures
 from rudder.prefetch.metrics import MetricsCollector
-from rudder.prefetch.past import PastCounterfactual, index_copy, past_fields
+from rudder.prefetch.past import PENDING, PastCounterfactual, index_copy, past_fields, settle
 from rudder.prefetch.policy import Policy, Replace
 from rudder.sim.replay import BufferReplayer, PositionTrace, replay
 from rudder.trace import Trace, TraceWriter
@@ -66,22 +66,23 @@ def sampled(epoch: int):
         yield collate(torch.randperm(N // 2, generator=g)[:20])
 
 
-def live(depth: int, wants: dict[str, Replace] | None) -> tuple[list[dict], Trace]:
+def live(depth: int, wants: dict[str, Replace] | None, past_thread: bool = False) -> tuple[list[dict], Trace]:
     """Trains the loader's side (the training thread only takes the minibatches): the window
-    records it made and the trace it recorded."""
+    records it made (settled, as the run's writer does: past_thread measures off the loader) and
+    the trace it recorded."""
     buf = HaloBuffer(HALO, C, DIM, alpha=ALPHA, period=PERIOD)
     init = torch.sort(HALO[torch.randperm(HALO.numel(), generator=torch.Generator().manual_seed(3))[:C]]).values
     buf.fill(init, FEAT[init])
     feats = BufferedFeatures(FEAT, lambda ids: (ids >= N // 2).long(), 0, buf, local_id=0)
     writer = TraceWriter("unused.npz", HALO, init, C)
     pipe = MinibatchPipeline(sampled, feats, torch.arange(N) % 3, Rounds(_at(depth), wants), MetricsCollector(W),
-                             STEPS, EPOCHS, depth, queue_size=2, trace_writer=writer)
+                             STEPS, EPOCHS, depth, queue_size=2, trace_writer=writer, past_thread=past_thread)
     windows = []
     for epoch in range(EPOCHS):
         for mb in pipe.epoch(epoch):
             assert torch.equal(mb.feats, FEAT[mb.input_nodes])  # the measurement moved no row
             if mb.window is not None:
-                windows.append(mb.window)
+                windows.append(settle(mb.window))
     return windows, writer.trace()
 
 
@@ -98,12 +99,14 @@ def past(w: dict) -> dict:
     return {k: v for k, v in w.items() if k.startswith("past_")}
 
 
+@pytest.mark.parametrize("past_thread", [False, True])
 @pytest.mark.parametrize("depth", [0, 2])
-def test_live_windows_carry_the_replays_past_counterfactual(depth):
+def test_live_windows_carry_the_replays_past_counterfactual(depth, past_thread):
     """The same accesses through the loader and through the replay: every window's past_*
-    fields equal, the measured seconds in the live record, the run's own counts untouched."""
+    fields equal, the measured seconds in the live record, the run's own counts untouched;
+    measured on the loader thread or off it (prefetch.past_thread)."""
     rounds = _rounds(depth)
-    lw, trace = live(depth, rounds)
+    lw, trace = live(depth, rounds, past_thread)
     assert trace.num_minibatches == STEPS * EPOCHS and len(lw) == STEPS * EPOCHS // W
     rw = replayed(trace, depth, rounds)
     assert [past(w) for w in lw] == [past(w) for w in rw]
@@ -189,6 +192,10 @@ def test_a_real_run_carries_the_past_counterfactual_when_the_policy_asks(tmp_pat
         trace = Trace.load(run_dir / f"trace-r{r}.npz")
         rounds = past_rounds(trace.capacity, cfg.prefetch)
         assert all(w["past_minibatches"] == 5 and w["t_past_cf"] > 0 for w in windows)
+        # measured off the loader (prefetch.past_thread, the default): every window written once
+        # measured, in order, with the loader's share of the seconds
+        assert [w["window"] for w in windows] == list(range(len(windows)))
+        assert all(PENDING not in w and w["t_past_loader"] >= 0 for w in windows)
         assert all(set(past(w)) == {"past_minibatches", "past_keep_fetched", *(f"past_fetched_{k}" for k in rounds)}
                    for w in windows)
         pt = PositionTrace(trace)

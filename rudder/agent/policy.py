@@ -54,6 +54,7 @@ from rudder.agent.messages import START_WINDOW, Decision, HistoryEntry, budget_r
 from rudder.agent.steering import Decider, Steering, Verdict
 from rudder.agent.windows import DecisionPoint
 from rudder.config import AgentConfig, PrefetchConfig
+from rudder.prefetch.past import settle
 from rudder.prefetch.policy import Policy, RunContext
 from rudder.records import DecisionRecord
 
@@ -403,6 +404,8 @@ class LLMDecider(Decider):
     def _ask(self, point: DecisionPoint) -> None:
         self._n += 1
         try:
+            for w in (point.raw, *point.recent):  # measured off the loader: wait for it here
+                settle(w)
             prompt = self.builder.build(point.raw, self.history(), point.recent)
             with self._lock:  # its own example later repeats the question exactly (prefix-stable)
                 self._asked[self._n] = prompt.asked

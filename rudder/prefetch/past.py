@@ -17,13 +17,21 @@ later minibatches as lookups in the buffered set each branch leaves (no later ro
 (begin_step/finish_step) on its own copy, each with its round. Buffer arithmetic only: no
 feature row and no DGL RPC. Its
 seconds (the copy at the window's start and the replays at its close) go in the window record
-as `t_past_cf`.
+as `t_past_cf`; those the loader thread spent on it as `t_past_loader`.
+
+Off the loader (`background`, prefetch.past_thread): the loader keeps only the index copy at
+a window's start and hands the close's replays to a thread of its own, so the next minibatch's
+pull is not held behind them. The window record then carries the measurement as a future
+(PENDING) until `settle` merges it in: the agent's thread settles the windows it reads (before
+it builds the prompt that shows them), the run's record writer each window once `measured`. One worker: the windows are
+measured in order (a kept window start is copied by one job before a later one consumes it).
 """
 from __future__ import annotations
 
 import collections
 import copy
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, get_args
 
 import numpy as np
@@ -32,6 +40,23 @@ import torch
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.policy import Mechanism, Replace
 from rudder.prefetch.step import begin_step, finish_step
+
+
+PENDING = "_past_pending"  # a window's past counterfactual still measured off the loader (a Future)
+
+
+def settle(window: dict | None) -> dict | None:
+    """`window` with its past counterfactual merged in: waits for the measurement when it is
+    still running off the loader (PENDING), a no-op otherwise. Its error, if it failed, is
+    raised here, as it would have been on the loader thread."""
+    if window is not None and PENDING in window:
+        window.update(window.pop(PENDING).result())
+    return window
+
+
+def measured(window: dict) -> bool:
+    """Whether `settle` would return at once (no measurement of it still running)."""
+    return PENDING not in window or window[PENDING].done()
 
 
 def index_copy(buf: HaloBuffer) -> HaloBuffer:
@@ -148,9 +173,12 @@ class PastCounterfactual:
     windows - 1 before the one closing and runs over all of them (the earlier windows' index
     copies and remote ids are kept until then; fewer at the run's first windows)."""
 
-    def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None, windows: int = 1):
+    def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None, windows: int = 1,
+                 background: bool = False):
         self.rounds = rounds if rounds is not None else lambda: None
         self.windows = max(1, int(windows))
+        self.background = background  # the close's replays on a worker thread (module docstring)
+        self._pool: ThreadPoolExecutor | None = None
         # the earlier windows still to be replayed: (index copy at its start, its remote ids, futures)
         self._kept: collections.deque = collections.deque(maxlen=self.windows - 1)
         self._opening = True  # the next step is a window's first minibatch
@@ -160,10 +188,10 @@ class PastCounterfactual:
         self._t = 0.0  # seconds spent on the open window so far
 
     @classmethod
-    def of(cls, policy) -> "PastCounterfactual":
+    def of(cls, policy, background: bool = False) -> "PastCounterfactual":
         """The one a run of `policy` measures: its past_rounds and past_windows (a duck-typed
         policy may have neither: then it measures nothing)."""
-        return cls(getattr(policy, "past_rounds", None), getattr(policy, "past_windows", 1))
+        return cls(getattr(policy, "past_rounds", None), getattr(policy, "past_windows", 1), background)
 
     def step(self, buf: HaloBuffer, remote: torch.Tensor, future: list[torch.Tensor] = ()) -> None:
         """Before a minibatch is served (its plan not yet applied): its remote ids (halo or not)
@@ -190,8 +218,9 @@ class PastCounterfactual:
         return new
 
     def close(self, window: dict) -> None:
-        """At a window's close (after its last minibatch): the past_* fields and `t_past_cf`
-        into `window` when the policy wants them; the next step opens the next window."""
+        """At a window's close (after its last minibatch): the past_* fields, `t_past_cf` and
+        `t_past_loader` into `window` when the policy wants them (background: a PENDING future
+        of them, `settle` merges it); the next step opens the next window."""
         t0 = time.perf_counter()
         start, remote, futures = self._start, self._remote, self._futures
         self._opening, self._start, self._remote, self._futures = True, None, [], []
@@ -199,18 +228,41 @@ class PastCounterfactual:
         if not rounds or start is None or not remote:
             self._kept.clear()  # a gap: the windows before it no longer lead up to the next
             return
-        spanned = 1
+        copy_first, spanned = False, 1
         if self._kept.maxlen:  # from the oldest kept window's start, over every window since
             kept = list(self._kept)  # oldest first
-            if not kept:  # the first: this window alone (its start is consumed: keep a copy)
-                self._kept.append((index_copy(start), remote, futures))
+            self._kept.append((start, remote, futures))  # its start is replayed by later windows
+            if not kept:  # the first: this window alone, from a copy of its start (kept above)
+                copy_first = True
             else:
-                # the oldest is replayed for the last time once `windows` are spanned (consumed)
-                first = self._kept.popleft()[0] if len(kept) == self._kept.maxlen else index_copy(kept[0][0])
-                self._kept.append((start, remote, futures))
-                start = first
+                # the oldest is replayed for the last time once `windows` are spanned (consumed;
+                # the deque dropped it), else from a copy of it
+                copy_first = len(kept) < self._kept.maxlen
+                start = kept[0][0]
                 remote = [r for _, rs, _ in kept for r in rs] + remote
                 futures = [f for _, _, fs in kept for f in fs] + futures
                 spanned = len(kept) + 1
-        window.update(past_fields(start, remote, rounds, futures, spanned))
-        window["t_past_cf"] = self._t + time.perf_counter() - t0
+        args = (start, copy_first, remote, rounds, futures, spanned, self._t)
+        if not self.background:
+            window.update(self._measure(*args))
+            window["t_past_loader"] = window["t_past_cf"]
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rudder-past")
+        window[PENDING] = self._pool.submit(self._measure, *args)
+        window["t_past_loader"] = self._t + time.perf_counter() - t0
+
+    @staticmethod
+    def _measure(start: HaloBuffer, copy_first: bool, remote: list[torch.Tensor], rounds: dict[str, Replace],
+                 futures: list[list[torch.Tensor]], spanned: int, t_open: float) -> dict:
+        """The window fields of one close (`start` consumed unless `copy_first`): on the loader
+        thread or the worker."""
+        t0 = time.perf_counter()
+        fields = past_fields(index_copy(start) if copy_first else start, remote, rounds, futures, spanned)
+        fields["t_past_cf"] = t_open + time.perf_counter() - t0
+        return fields
+
+    def shutdown(self) -> None:
+        """No more windows: the worker ends once the measurements handed to it are done."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
