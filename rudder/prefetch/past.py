@@ -23,8 +23,9 @@ Off the loader (`background`, prefetch.past_thread): the loader keeps only the i
 a window's start and hands the close's replays to a thread of its own, so the next minibatch's
 pull is not held behind them. The window record then carries the measurement as a future
 (PENDING) until `settle` merges it in: the agent's thread settles the windows it reads (before
-it builds the prompt that shows them), the run's record writer each window once `measured`. One worker: the windows are
-measured in order (a kept window start is copied by one job before a later one consumes it).
+it builds the prompt that shows them), the run's record writer each window once `measured`.
+One worker: the windows are measured in order (a kept window's start is copied by one job
+before a later job consumes it).
 """
 from __future__ import annotations
 
@@ -179,7 +180,8 @@ class PastCounterfactual:
         self.windows = max(1, int(windows))
         self.background = background  # the close's replays on a worker thread (module docstring)
         self._pool: ThreadPoolExecutor | None = None
-        # the earlier windows still to be replayed: (index copy at its start, its remote ids, futures)
+        # the earlier windows still to be replayed: (index copy at its start, its remote ids,
+        # futures); a job on the worker may still copy the oldest's start (never changed after)
         self._kept: collections.deque = collections.deque(maxlen=self.windows - 1)
         self._opening = True  # the next step is a window's first minibatch
         self._start: HaloBuffer | None = None  # the buffer's index at the open window's start
