@@ -3,7 +3,8 @@ The loader keeps the index copy at a window's start and hands the close's replay
 the window carries a future (PENDING) until `settle` merges it in. The fields are the loader's
 own, window by window (one round and several windows spanned, MassiveGNN and lookahead rounds);
 the close returns before the measurement ends; a measurement's error surfaces where the window
-is settled; the live loader's windows, settled as the run's writer does, are the replay's."""
+is settled; the run's record writer writes each window once measured, in order, never waiting
+(tests/test_past_live.py: the live loader's windows, settled, are the replay's)."""
 from __future__ import annotations
 
 import threading
@@ -109,3 +110,39 @@ def test_a_measurement_error_surfaces_where_the_window_is_settled():
     # on the loader thread the same error is raised by the close itself
     with pytest.raises(ValueError, match="unknown replacement mechanism"):
         _one_window(PastCounterfactual(lambda: {"odd": Replace("nonsense", 5, "t")}))
+
+
+def test_the_record_writer_never_waits_and_keeps_the_order(tmp_path):
+    """The run's record writer (rudder.train.RecordFiles) writes a window once its measurement
+    has ended, the windows in order, without waiting for one (the training thread calls it);
+    its close waits for what is still measured."""
+    import json
+    from concurrent.futures import Future
+
+    from rudder.train import RecordFiles
+
+    out = RecordFiles(tmp_path, 0)
+    futures = {k: Future() for k in (0, 1, 3)}  # windows 0, 1 and 3 measured off the loader
+
+    def written() -> list[dict]:
+        return [json.loads(line) for line in (tmp_path / "windows-r0.jsonl").read_text().splitlines()]
+
+    def at_once(**kw) -> None:  # a write that waited would leave its thread alive
+        t = threading.Thread(target=out.write, kwargs=kw, daemon=True)
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "the writer waited for a measurement"
+
+    at_once(window={"window": 0, PENDING: futures[0]})
+    at_once(window={"window": 1, PENDING: futures[1]})
+    futures[1].set_result({"past_keep_fetched": 11})
+    at_once(window={"window": 2})  # window 1 is measured, window 0 not yet: nothing is written
+    assert written() == []
+    futures[0].set_result({"past_keep_fetched": 10})
+    at_once()
+    assert written() == [{"window": 0, "past_keep_fetched": 10}, {"window": 1, "past_keep_fetched": 11},
+                         {"window": 2}]
+    at_once(window={"window": 3, PENDING: futures[3]})
+    threading.Timer(0.2, futures[3].set_result, [{"past_keep_fetched": 13}]).start()
+    out.close()
+    assert written()[-1] == {"window": 3, "past_keep_fetched": 13}
