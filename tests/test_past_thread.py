@@ -16,10 +16,9 @@ from rudder.prefetch import past as past_mod
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.past import PENDING, PastCounterfactual, settle
 from rudder.prefetch.policy import Replace
-from rudder.sim.replay import BufferReplayer, PositionTrace, replay
 from rudder.sim.tracegen import random_trace
 
-from past_replays import W, Rounds  # tests/past_replays.py
+from past_replays import W, run_rounds  # tests/past_replays.py
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +33,7 @@ def _windows(trace, wants, past_windows: int, depth: int, background: bool) -> l
     C = trace.capacity
     at = {2 * W: Replace("massivegnn", C // 3, "t"),
           5 * W: Replace("lookahead", C // 4, "t") if depth else Replace("massivegnn", C // 2, "t")}
-    pt = PositionTrace(trace)
-    pol = Rounds(at, wants, past_windows)
-    rp = BufferReplayer(pt, pol, C, alpha=0.1, period=6, depth=depth, window=W)
-    rp.past = PastCounterfactual.of(pol, background=background)
-    rp.fill(trace.init_positions()[:C])
-    replay(pt, rp)
-    rp.past.shutdown()
-    return [settle(w) for w in pol.windows]
+    return run_rounds(trace, at, wants, past_windows, depth, background)[0]
 
 
 def _fields(w: dict) -> dict:
