@@ -10,6 +10,7 @@ Set-up, in order: join the cluster -> build the feature path (halo buffer + Buff
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import logging
@@ -384,8 +385,6 @@ class RecordFiles:
     never waits for it (at the close it does)."""
 
     def __init__(self, run_dir: Path, rank: int):
-        import collections
-
         from rudder.prefetch import past
         from rudder.records import JsonlWriter
 
