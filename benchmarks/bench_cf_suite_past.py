@@ -18,12 +18,14 @@ held out by graph (and so by scenario: each mixed scenario is on its own graph).
       suite.jsonl (balanced), and per graph G: heldout-G.jsonl (G's balanced windows: the test
       set when G is held out) -- the split by graph is tune = the other graphs, test = G.
   python benchmarks/bench_cf_suite_past.py score --windows F --models M.. --prompts P.. --json OUT
-      the no-model baselines (follow the past counterfactual at margin 0.5%; the majority answer
-      of the other graphs' windows; keep; replace) and every model x prompt in-process (1
-      thread): accuracy, fallbacks, latency p50/p95, and counterfactual Pass@1 (the answer's own
-      round -- budget x evict, a keep's too -- against the window's judged shares,
-      rudder.agent.judge.counterfactual; too close and fallbacks not counted). OUT rewritten
-      after every window.
+      the no-model baselines (follow the past counterfactual at margin 0.5%; the nearest
+      example's answer -- the answer of the pool window judge-history-3 shows last, i.e. a
+      1-nearest-neighbour lookup in the held-out pool; the majority answer of the other graphs'
+      windows; keep; replace) and every model x prompt in-process (1 thread): accuracy,
+      fallbacks, latency p50/p95, counterfactual Pass@1 (the answer's own round -- budget x
+      evict, a keep's too -- against the window's judged shares, rudder.agent.judge.counterfactual;
+      too close and fallbacks not counted), and how often the answer is the prompt's last
+      example's (small models copy it). OUT rewritten after every window.
 """
 from __future__ import annotations
 
@@ -131,17 +133,36 @@ def follow_past(rec: dict) -> tuple[bool, str, str]:
     return lab is not None, b, e
 
 
+def nearest_example(rec: dict) -> tuple[bool, str, str]:
+    """The answer of the pool window judge-history-3 shows last for this window (its nearest,
+    ExamplePool.nearest): a 1-nearest-neighbour lookup, the decider a model that copies its last
+    example is."""
+    from rudder.agent.context import ContextBuilder
+
+    last = ContextBuilder(rec["context"], "judge-history-3").retrieved_examples(rec["window"], rec["recent"])[-1]
+    a = last["answer"]
+    return a["replace"], a["budget"], a["evict"]
+
+
+def last_example_replace(prompt) -> bool | None:
+    """The `replace` of the last example answer in a prompt's messages (None without examples)."""
+    answers = [m["content"] for m in prompt.messages if m["role"] == "assistant"]
+    return json.loads(answers[-1])["replace"] if answers else None
+
+
 def summarise(name: str, variant: str, rows: list[dict]) -> dict:
     from rudder.agent.eval import percentile
 
     n = len(rows)
     lat = [r["latency_s"] for r in rows if r.get("latency_s") is not None]
     cf = [r["cf"] for r in rows if r["cf"] is not None]
+    last = [r["replace"] == r["last"] for r in rows if r.get("last") is not None and r.get("fallback") is None]
     return {"decider": name, "variant": variant, "n": n, "accuracy": sum(r["ok"] for r in rows) / n if n else None,
             "fallbacks": sum(r.get("fallback") is not None for r in rows),
             "replace_share": sum(bool(r["replace"]) for r in rows) / n if n else None,
             "pass_at_1_cf": f"{sum(cf)}/{len(cf)}", "pass_at_1_cf_share": sum(cf) / len(cf) if cf else None,
-            "latency_p50_s": percentile(lat, 0.5), "latency_p95_s": percentile(lat, 0.95)}
+            "latency_p50_s": percentile(lat, 0.5), "latency_p95_s": percentile(lat, 0.95),
+            "as_last_example": f"{sum(last)}/{len(last)}" if last else None}
 
 
 def balanced_sample(windows: list[dict], n: int, seed: int = 0) -> list[dict]:
@@ -164,7 +185,9 @@ def score_baselines(windows: list[dict], tune: list[dict] | None = None) -> list
     if tune:
         rep = sum(bool(r["label_replace"]) for r in tune)
         maj = 2 * rep > len(tune)
-    fixed = [("follow the past counterfactual", follow_past), ("keep", lambda r: (False, "small", "stale")),
+    fixed = [("follow the past counterfactual", follow_past),
+             ("the nearest example's answer (judge-history-3's last example)", nearest_example),
+             ("keep", lambda r: (False, "small", "stale")),
              ("replace medium/stale", lambda r: (True, "medium", "stale"))]
     if maj is not None:
         fixed.append((f"majority of the tune windows ({'replace' if maj else 'keep'}, medium/stale)",
@@ -193,7 +216,8 @@ def score_model(windows: list[dict], model: str, variants, json_out: Path | None
             rows = done.setdefault(f"{model} {v}", {"rows": []})["rows"]
             for rec in windows:
                 builder = ContextBuilder(rec["context"], v, 4)
-                d = maker.decide(builder.build(rec["window"], rec.get("history") or [], rec.get("recent") or []))
+                prompt = builder.build(rec["window"], rec.get("history") or [], rec.get("recent") or [])
+                d = maker.decide(prompt)
                 try:
                     ans = json.loads(d.raw or "{}")
                 except ValueError:
@@ -201,7 +225,8 @@ def score_model(windows: list[dict], model: str, variants, json_out: Path | None
                 rows.append({"source": rec["source"], "label": rec["label_replace"], "replace": d.replace,
                              "fallback": d.fallback, "ok": bool(agrees(d.replace, rec["label_replace"], d.fallback)),
                              "cf": None if d.fallback else cf_right(rec, d.replace, ans.get("budget"), ans.get("evict")),
-                             "latency_s": d.latency_s, "raw": d.raw, "load": _load()})
+                             "latency_s": d.latency_s, "raw": d.raw, "load": _load(),
+                             "last": last_example_replace(prompt)})
                 done[f"{model} {v}"]["summary"] = summarise(model, v, rows)
                 if json_out:
                     json_out.write_text(json.dumps(done, indent=1, default=str))
@@ -219,14 +244,14 @@ def _load() -> float:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| decider | prompt | n | accuracy | fallbacks | replace share | Pass@1 cf | latency p50 s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| decider | prompt | n | accuracy | fallbacks | replace share | Pass@1 cf | latency p50 s "
+             "| answer = the last example's |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = "" if r["accuracy"] is None else f"{r['accuracy']:.2f}"
         cf = r["pass_at_1_cf"] + ("" if r["pass_at_1_cf_share"] is None else f" = {r['pass_at_1_cf_share']:.2f}")
         lat = "" if r["latency_p50_s"] is None else f"{r['latency_p50_s']:.1f}"
         lines.append(f"| {r['decider']} | {r['variant']} | {r['n']} | {acc} | {r['fallbacks']} | "
-                     f"{r['replace_share']:.2f} | {cf} | {lat} |")
+                     f"{r['replace_share']:.2f} | {cf} | {lat} | {r.get('as_last_example') or ''} |")
     return "\n".join(lines)
 
 

@@ -97,3 +97,39 @@ def test_the_shipped_held_out_file_is_balanced_judged_and_not_the_pools():
         assert _label(r["judged"]) is r["label_replace"] and "past_keep_fetched" in r["window"]
         assert r["trace_digest"] != POOL_DIGEST[:12] and r["trace_digest"] not in {e["trace_digest"][:12] for e in pool}
     assert not suite.pool_overlap(recs)
+
+
+def _pool_windows() -> list[dict]:
+    """The example pool's own labelled windows as suite windows (the pool run's facts)."""
+    from rudder.agent.context import PAST_CONTEXT
+
+    pool = [json.loads(x) for x in POOL_FILE.read_text().splitlines() if x.strip()]
+    return [{"context": PAST_CONTEXT, "window": e["window"], "recent": e["recent"],
+             "label_replace": e["label"] == "replace"} for e in pool if e["label"] in ("replace", "keep")]
+
+
+def test_the_nearest_example_baseline_is_a_lookup_in_the_pool():
+    # each pool window is its own nearest (distance 0): the lookup answers its own label
+    recs = _pool_windows()
+    assert len(recs) > 20 and {r["label_replace"] for r in recs} == {True, False}
+    assert all(suite.nearest_example(r)[0] is r["label_replace"] for r in recs)
+    # and it is what judge-history-3 shows last
+    r = recs[0]
+    prompt = ContextBuilder(r["context"], "judge-history-3").build(r["window"], [], r["recent"])
+    assert suite.last_example_replace(prompt) is suite.nearest_example(r)[0]
+
+
+def test_a_models_answers_are_counted_against_its_last_example():
+    from rudder.agent.context import JUDGE_HISTORY_CANNED, PAST_CANNED, PAST_CONTEXT
+
+    w = PAST_CANNED[0]
+    prompt = ContextBuilder(PAST_CONTEXT, "judge-history-2b").build(w["window"], [], w["recent"])
+    last = suite.last_example_replace(prompt)
+    assert last is PAST_CANNED[-1]["answer"]["replace"]  # 2b's examples are fixed: its last is the last canned
+    assert suite.last_example_replace(ContextBuilder(PAST_CONTEXT, "judge-history").build(
+        w["window"], [], w["recent"])) is JUDGE_HISTORY_CANNED[-1]["answer"]["replace"]
+    rows = [{"ok": True, "replace": last, "cf": None, "latency_s": 1.0, "fallback": None, "last": last},
+            {"ok": False, "replace": not last, "cf": None, "latency_s": 1.0, "fallback": None, "last": last},
+            {"ok": False, "replace": False, "cf": None, "latency_s": None, "fallback": "timeout", "last": last}]
+    s = suite.summarise("m", "judge-history-2b", rows)
+    assert s["as_last_example"] == "1/2" and "| 1/2 |" in suite.table([s])
