@@ -25,7 +25,10 @@ held out by graph (and so by scenario: each mixed scenario is on its own graph).
       fallbacks, latency p50/p95, counterfactual Pass@1 (the answer's own round -- budget x
       evict, a keep's too -- against the window's judged shares, rudder.agent.judge.counterfactual;
       too close and fallbacks not counted), and how often the answer is the prompt's last
-      example's (small models copy it). OUT rewritten after every window.
+      example's (small models copy it). OUT rewritten after every window. --canned-order 1,0,3,2:
+      judge-history-2b's canned examples (PAST_CANNED) in that order, a subset allowed ("none": no
+      example), this process only (an experiment on what the examples do; the prompt's hash
+      changes with them).
 """
 from __future__ import annotations
 
@@ -237,6 +240,15 @@ def score_model(windows: list[dict], model: str, variants, json_out: Path | None
         maker.close()
 
 
+def reorder_canned(order: list[int]) -> None:
+    """PAST_CANNED (judge-history-2b's examples) in `order` (a subset allowed), in place, for this process."""
+    from rudder.agent import context
+
+    if len(set(order)) != len(order) or not set(order) <= set(range(len(context.PAST_CANNED))):
+        raise SystemExit(f"--canned-order {order}: not distinct indices of 0..{len(context.PAST_CANNED) - 1}")
+    context.PAST_CANNED[:] = [list(context.PAST_CANNED)[i] for i in order]
+
+
 def _load() -> float:
     import os
 
@@ -272,6 +284,8 @@ def main() -> None:
     p.add_argument("--limit", type=int)
     p.add_argument("--sample", type=int, help="score: a balanced seeded subsample of this many windows")
     p.add_argument("--json", type=Path)
+    p.add_argument("--canned-order", help="score: PAST_CANNED's examples in this order, e.g. 1,0,3,2, or 'none' "
+                   "(experiment)")
     a = p.parse_args()
     import torch
 
@@ -299,11 +313,13 @@ def main() -> None:
                   f"{b['replace_share']:.2f} | {after.get(k, {}).get('n', 0)} |")
         print(f"-> {a.out} ({time.time() - t0:.0f} s)")
         return
+    if a.canned_order:
+        reorder_canned([] if a.canned_order == "none" else [int(x) for x in a.canned_order.split(",")])
     windows = load_windows(a.windows)[:a.limit]
     if a.sample:
         windows = balanced_sample(windows, a.sample)
     tune = load_windows(a.tune) if a.tune else None
-    done: dict = {"windows": str(a.windows), "n": len(windows)}
+    done: dict = {"windows": str(a.windows), "n": len(windows), "canned_order": a.canned_order}
     base = score_baselines(windows, tune)
     done["baselines"] = base
     if a.json:

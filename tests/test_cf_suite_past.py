@@ -133,3 +133,22 @@ def test_a_models_answers_are_counted_against_its_last_example():
             {"ok": False, "replace": False, "cf": None, "latency_s": None, "fallback": "timeout", "last": last}]
     s = suite.summarise("m", "judge-history-2b", rows)
     assert s["as_last_example"] == "1/2" and "| 1/2 |" in suite.table([s])
+
+
+def test_the_canned_order_experiment_puts_another_example_last():
+    from rudder.agent.context import PAST_CANNED, PAST_CONTEXT
+
+    before = list(PAST_CANNED)
+    w = PAST_CANNED[0]
+    try:
+        suite.reorder_canned([1, 0, 3, 2])
+        prompt = ContextBuilder(PAST_CONTEXT, "judge-history-2b").build(w["window"], [], w["recent"])
+        assert suite.last_example_replace(prompt) is before[2]["answer"]["replace"] is False
+        for bad in ([0, 0, 1], [4]):
+            with pytest.raises(SystemExit, match="not distinct indices"):
+                suite.reorder_canned(bad)
+        suite.reorder_canned([])  # no example: nothing to copy
+        prompt = ContextBuilder(PAST_CONTEXT, "judge-history-2b").build(w["window"], [], w["recent"])
+        assert suite.last_example_replace(prompt) is None and len(prompt.messages) == 2
+    finally:
+        PAST_CANNED[:] = before
