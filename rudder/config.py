@@ -232,7 +232,9 @@ class ModelConfig(Strict):
 
 class AgentConfig(Strict):
     model: ModelConfig = ModelConfig()
-    backend: Literal["inproc", "http", "script"] = "inproc"
+    # last-example: no model, every prompt answered with its last example's answer (a control:
+    # what the small models do, BENCHMARKS 7t; rudder.agent.last_example)
+    backend: Literal["inproc", "http", "script", "last-example"] = "inproc"
     url: str | None = None  # OpenAI-compatible endpoint for backend=http
     # backend=script: a directory holding decisions-r<R>.jsonl (a run's, or a replay's from
     # `rudder sim`): each window gets the answer recorded for that window, no model runs

@@ -304,6 +304,10 @@ class DecisionMaker:
             backend: Backend = HttpBackend(url, model=cfg.model.name)
         elif cfg.backend == "http":
             raise ValueError("agent.backend=http needs agent.url (or RUDDER_AGENT_URL)")
+        elif cfg.backend == "last-example":
+            from rudder.agent.last_example import LastExampleBackend
+
+            return cls(LastExampleBackend(), "last-example", cfg.fallback, cfg.max_tokens, cfg.timeout_s)
         else:
             from rudder.agent.models import resolve_model
 

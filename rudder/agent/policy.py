@@ -153,9 +153,9 @@ HISTORY_KEEP = 32  # judged decisions kept for prompts (the prompt shows AgentCo
 def service_url(cfg: AgentConfig) -> str | None:
     """Where this trainer's model answers over HTTP, or None for in-process:
     $RUDDER_AGENT_URL (the cluster's node service) wins; else agent.url; else, for backend=http,
-    the node's AgentService at its default port on $RUDDER_MACHINE_ADDR. backend=script: None
-    (the recorded answers, rudder.agent.script)."""
-    if cfg.backend == "script":
+    the node's AgentService at its default port on $RUDDER_MACHINE_ADDR. backend=script or
+    last-example: None (no model: the recorded answers, rudder.agent.script; the last example's)."""
+    if cfg.backend in ("script", "last-example"):
         return None
     url = os.environ.get("RUDDER_AGENT_URL") or (cfg.url if cfg.backend == "http" else None)
     if url is None and cfg.backend == "http" and os.environ.get("RUDDER_MACHINE_ADDR"):
@@ -232,6 +232,8 @@ class LLMDecider(Decider):
                 from rudder.agent.script import ScriptedMaker
 
                 self._maker = ScriptedMaker.from_dir(a.script, ctx.rank, fb)
+            elif a.backend == "last-example":  # no model: the prompt's last example answers
+                self._maker = DecisionMaker.from_config(a)
             elif self._url or a.backend == "http":
                 self._maker = DecisionMaker.from_config(a, url=self._url)
                 self._wait_service = self._url is not None  # it may still be loading its model
