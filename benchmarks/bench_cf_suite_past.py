@@ -149,8 +149,10 @@ def nearest_example(rec: dict) -> tuple[bool, str, str]:
 
 def last_example_replace(prompt) -> bool | None:
     """The `replace` of the last example answer in a prompt's messages (None without examples)."""
-    answers = [m["content"] for m in prompt.messages if m["role"] == "assistant"]
-    return json.loads(answers[-1])["replace"] if answers else None
+    from rudder.agent.last_example import last_answer
+
+    text = last_answer(prompt.messages)
+    return None if text is None else json.loads(text)["replace"]
 
 
 def summarise(name: str, variant: str, rows: list[dict]) -> dict:

@@ -15,16 +15,22 @@ from __future__ import annotations
 from rudder.agent.decision import BackendError, Completion
 
 
+def last_answer(messages: list[dict]) -> str | None:
+    """The text of the last example answer (assistant message) in a prompt's messages, or None."""
+    answers = [m["content"] for m in messages if m.get("role") == "assistant"]
+    return answers[-1] if answers else None
+
+
 class LastExampleBackend:
     name = "last-example"
 
     def complete(self, messages: list[dict], schema: dict, max_tokens: int, timeout_s: float,
                  cancel=None) -> Completion:
-        answers = [m["content"] for m in messages if m.get("role") == "assistant"]
-        if not answers:
+        answer = last_answer(messages)
+        if answer is None:
             raise BackendError("no-example", "agent.backend=last-example: the prompt has no example answer to "
                                              "copy (a prompt variant without examples)")
-        return Completion(answers[-1], "stop")
+        return Completion(answer, "stop")
 
     def close(self) -> None:
         pass
