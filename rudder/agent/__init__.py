@@ -5,6 +5,8 @@ messages.py  typed messages: Answer (the schema the model must fill), Decision, 
 context.py   ContextBuilder: static context + window + history -> chat messages (prompt variants)
 decision.py  DecisionMaker: inproc (llama_cpp) or http (OpenAI-compatible) backend, validated
              answers, fallbacks for bad/truncated/late ones
+script.py, last_example.py  backends with no model: a run's recorded answers; each prompt's last
+             example's answer (a control: what the small models do, BENCHMARKS 7t)
 service.py   AgentService: one llama_cpp.server per node, shared by its trainers
 steering.py  the one steering skeleton (windows, regime, apply, judge) with a pluggable Decider
 windows.py   WindowStats / DecisionPoint: what a decider sees at a window close
