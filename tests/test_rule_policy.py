@@ -215,3 +215,22 @@ def test_payback_go_on_goes_on_while_a_rounds_lift_pays_its_rows():
     assert run(500, go_on="payback")[0] == [True, False, False]
     with pytest.raises(ValueError, match="go_on"):
         RulePolicy(PrefetchConfig(policy="rule"), go_on="sometimes")
+
+
+def test_rudder_sim_takes_the_rule_section_of_its_config(tmp_path, capsys):
+    """`rudder sim -p rule... --config C` replays the rule with C's `rule:` knobs: a threshold
+    no fall reaches (drop 0.9) never replaces on the drift trace, where the default one does."""
+    from rudder.cli import main
+
+    src = tmp_path / "run"
+    _drift_trace(src)
+    (src / "run.json").write_text(json.dumps({"run_id": "drift", "config": {}}))
+    fetched = {}
+    for name, rule in (("default", {}), ("deaf", {"drop": 0.9})):
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(json.dumps({"prefetch": {"lookahead": 0}, **({"rule": rule} if rule else {})}))
+        assert main(["sim", str(src), "-p", "rule:0:1.0,static", "--config", str(cfg), "--no-write", "--json"]) == 0
+        rows = {r["policy"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+        fetched[name] = rows["rule:0:1.0"]["fetched_rows"]
+        fetched["static"] = rows["static"]["fetched_rows"]
+    assert fetched["default"] < fetched["static"] == fetched["deaf"]

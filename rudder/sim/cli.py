@@ -80,21 +80,24 @@ def register(sub) -> None:
 
 
 def _prefetch_and_extra(args, source: dict):
-    """make_policy's extra kwargs (agent config, classifier models dir, dataset); a --config
-    also replaces the source's prefetch section, which the policies' knobs start from."""
+    """make_policy's extra kwargs (agent config, policy rule's knobs, classifier models dir,
+    dataset); a --config also replaces the source's prefetch section, which the policies' knobs
+    start from, and gives the agent and rule sections (else the source run's own)."""
     from rudder.config import RunConfig, load_run_config
 
     extra: dict = {}
     if args.config is not None:
         cfg = load_run_config(args.config)
         source["config"] = {**(source.get("config") or {}), "prefetch": cfg.prefetch.model_dump(mode="json"),
-                            "agent": cfg.agent.model_dump(mode="json")}
-        extra["agent"] = cfg.agent
-    elif (source.get("config") or {}).get("agent"):
-        try:
-            extra["agent"] = RunConfig.model_validate({"agent": source["config"]["agent"]}).agent
-        except Exception:  # noqa: BLE001 - another version's config: defaults
-            pass
+                            "agent": cfg.agent.model_dump(mode="json"), "rule": cfg.rule.model_dump(mode="json")}
+        extra["agent"], extra["rule"] = cfg.agent, cfg.rule
+    else:
+        for key in ("agent", "rule"):
+            if (source.get("config") or {}).get(key):
+                try:
+                    extra[key] = getattr(RunConfig.model_validate({key: source["config"][key]}), key)
+                except Exception:  # noqa: BLE001 - another version's config: defaults
+                    pass
     if args.models_dir:
         extra["models_dir"] = args.models_dir
     ds = ((source.get("config") or {}).get("dataset") or {}).get("name") or (source.get("graph") or {}).get("dataset")
@@ -130,12 +133,14 @@ def main_sim(args) -> int:
             cap = args.capacity
             if args.fraction is not None:
                 cap = int(args.fraction * trace.num_halo)
-            # classifier/agent kwargs only for those; others ignore extra in make_policy anyway
+            # classifier/agent/rule kwargs only for those; others ignore extra in make_policy anyway
             ex = extra if spec.base in ("agent", "classifier") else {}
             if spec.base == "classifier":
-                ex = {k: v for k, v in ex.items() if k != "agent"}
+                ex = {k: v for k, v in ex.items() if k not in ("agent", "rule")}
             if spec.base == "agent":
                 ex = {k: v for k, v in ex.items() if k == "agent"}
+            if spec.base == "rule":  # the config's `rule:` knobs (probe, evict, drop, go_on)
+                ex = extra["rule"].model_dump() if "rule" in extra else {}
             res = simulate(trace, spec, capacity=cap, start=args.start, rank=rank,
                            source=rank_source(source, rank), extra=ex, agent_sync=not args.no_agent_sync)
             results.append(res)
