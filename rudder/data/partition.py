@@ -137,7 +137,9 @@ def check_feature_dtype(name: str) -> str:
 
 def _params(num_parts: int, method: str, balance_train: bool, balance_edges: bool,
             seed: int, feature_dtype: str = "float32") -> dict[str, Any]:
-    # METIS is deterministic: its seed is recorded as None so any seed reuses one partitioning.
+    # METIS takes no seed (and DGL's METIS cuts differ from one process to the next: synth-small's
+    # 2-way cut came out 30,540 or 34,236 edges over ten runs): the seed is recorded as None, so
+    # any seed reuses the one partitioning on disk.
     params = {"num_parts": num_parts, "method": method, "balance_train": balance_train,
               "balance_edges": balance_edges, "num_hops": 1,
               "seed": seed if method == "random" else None}
