@@ -138,7 +138,7 @@ def check_feature_dtype(name: str) -> str:
 def _params(num_parts: int, method: str, balance_train: bool, balance_edges: bool,
             seed: int, feature_dtype: str = "float32") -> dict[str, Any]:
     # METIS takes no seed (and DGL's METIS cuts differ from one process to the next: synth-small's
-    # 2-way cut came out 30,540 or 34,236 edges over ten runs): the seed is recorded as None, so
+    # 2-way cut came out 30,540 or 34,236 edges over 16 runs): the seed is recorded as None, so
     # any seed reuses the one partitioning on disk.
     params = {"num_parts": num_parts, "method": method, "balance_train": balance_train,
               "balance_edges": balance_edges, "num_hops": 1,
