@@ -1,7 +1,7 @@
 """`agent.backend: last-example`: a control decider that answers every prompt with its last
 example's answer, verbatim; no model runs (issue 18, BENCHMARKS 7t).
 
-Why: the small models that run here answer what their prompt's last example answered (7t: with
+Why: the small models that run here mostly answer what their prompt's last example answered (7t: with
 judge-history-3, whose last example is the held-out pool's window nearest to the asked one, every
 model's answer was that window's at every window scored). This backend is that behaviour with the
 model taken out: with judge-history-3 it is a 1-nearest-neighbour lookup in the pool; with a prompt
