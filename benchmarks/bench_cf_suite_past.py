@@ -248,7 +248,8 @@ def reorder_canned(order: list[int]) -> None:
 
     if len(set(order)) != len(order) or not set(order) <= set(range(len(context.PAST_CANNED))):
         raise SystemExit(f"--canned-order {order}: not distinct indices of 0..{len(context.PAST_CANNED) - 1}")
-    context.PAST_CANNED[:] = [list(context.PAST_CANNED)[i] for i in order]
+    before = list(context.PAST_CANNED)
+    context.PAST_CANNED[:] = [before[i] for i in order]
 
 
 def _load() -> float:

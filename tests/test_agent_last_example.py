@@ -24,7 +24,7 @@ def test_it_answers_the_nearest_pool_window_under_retrieval():
     pool = example_pool()
     maker = _maker()
     seen = set()
-    for i, e in enumerate(pool.entries[:12]):
+    for e in pool.entries[:12]:
         b = ContextBuilder(PAST_CONTEXT, "judge-history-3")
         d = maker.decide(b.build(e["window"], [], e["recent"]))
         nearest = pool.example(pool.nearest(e["window"], e["recent"], PAST_CONTEXT["capacity"])[-1])["answer"]

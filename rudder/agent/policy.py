@@ -232,9 +232,7 @@ class LLMDecider(Decider):
                 from rudder.agent.script import ScriptedMaker
 
                 self._maker = ScriptedMaker.from_dir(a.script, ctx.rank, fb)
-            elif a.backend == "last-example":  # no model: the prompt's last example answers
-                self._maker = DecisionMaker.from_config(a)
-            elif self._url or a.backend == "http":
+            elif self._url or a.backend != "inproc":  # no model loads here: a service's, or none
                 self._maker = DecisionMaker.from_config(a, url=self._url)
                 self._wait_service = self._url is not None  # it may still be loading its model
             else:

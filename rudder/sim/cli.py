@@ -133,13 +133,13 @@ def main_sim(args) -> int:
             cap = args.capacity
             if args.fraction is not None:
                 cap = int(args.fraction * trace.num_halo)
-            # classifier/agent/rule kwargs only for those; others ignore extra in make_policy anyway
-            ex = extra if spec.base in ("agent", "classifier") else {}
-            if spec.base == "classifier":
-                ex = {k: v for k, v in ex.items() if k not in ("agent", "rule")}
+            # each policy its own kwargs; the others take none
+            ex: dict = {}
             if spec.base == "agent":
-                ex = {k: v for k, v in ex.items() if k == "agent"}
-            if spec.base == "rule":  # the config's `rule:` knobs (probe, evict, drop, go_on)
+                ex = {k: v for k, v in extra.items() if k == "agent"}
+            elif spec.base == "classifier":
+                ex = {k: v for k, v in extra.items() if k not in ("agent", "rule")}
+            elif spec.base == "rule":  # the config's `rule:` knobs (probe, evict, drop, go_on)
                 ex = extra["rule"].model_dump() if "rule" in extra else {}
             res = simulate(trace, spec, capacity=cap, start=args.start, rank=rank,
                            source=rank_source(source, rank), extra=ex, agent_sync=not args.no_agent_sync)
