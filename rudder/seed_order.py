@@ -11,8 +11,8 @@ and the trace generator so that replays see the stream training sees.
              clusters and the order inside each are reshuffled every epoch, so training stays
              stochastic at the granularity of clusters (ClusterGCN-like). Clusters are
              consecutive runs of `cluster_size` seeds in one fixed BFS order (seeded, the same
-             every epoch): connected regions of the graph, found without METIS (which is not
-             deterministic) and without community labels (a real graph has none)
+             every epoch): connected regions of the graph, found without a partitioner
+             and without community labels (a real graph has none)
 
 Everything works on positions into `seeds` (what DGL's loaders index) and is deterministic by
 (seed, epoch). The graph is given as directed edges (src, dst) between any node ids; nodes that

@@ -107,8 +107,9 @@ class Trace:
 
     def digest(self) -> str:
         """A short content hash (halo, accesses, epochs, initial fill, capacity): replays are
-        comparable only on the same digest. A regenerated trace of the same spec and seed can
-        differ: DGL's METIS assignment and its loader's shuffle are not reproducible run to run."""
+        comparable only on the same digest. tracegen gives one trace per spec and seed (METIS and
+        the sampler seeded, since 2026-12-06; traces made before differ from checkout to
+        checkout); a live run's trace is what its trainers sampled."""
         h = hashlib.sha256()
         for a in (self.halo, self.offsets, self.ids, self.epoch, self.init):
             h.update(np.ascontiguousarray(a).tobytes())

@@ -6,7 +6,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
 #     -d WHEELS dgl==2.1.0 torchdata==0.9.0 pydantic==2.14.3 pydantic-core==2.50.4 \
-#     annotated-types typing-inspection duckdb==2.0.1
+#     annotated-types typing-inspection duckdb==2.0.1 pymetis==2025.2.2
 # figures: bench_gpu 2 and 4 machines x none/static/lookahead on CUDA, the CPU beside it, a
 #   --check run on CUDA, bench_model and bench_buffer on CUDA (~8 min on an H100 host).
 # matrix: where the trainer's step goes (§8's open question), 2 machines x none/lookahead: as is,

@@ -52,7 +52,7 @@ def test_manifest_matches_partition_files(request, which, graph):
     assert info.dir.name == f"{k}-metis"
     assert m["graph_checksum"] == store.read_meta(NAME, info.dir.parents[2])["checksum"]
     assert m["params"] == {"num_parts": k, "method": "metis", "balance_train": True,
-                           "balance_edges": True, "num_hops": 1, "seed": None}
+                           "balance_edges": True, "num_hops": 1, "seed": 0}
     assert "NEW ids" in m["ids"]
     orig = info.orig_nids()
     n = graph.num_nodes()
@@ -191,7 +191,7 @@ def test_feature_dtype_partition_serves_the_cast_rows(root, graph, parts2, dtype
     assert m["feature_dtype"] == dtype
     assert m["feature_row_bytes"] == graph.ndata["feat"].shape[1] * 2
     assert m["files"]["part0/node_feat.dgl"] != parts2.manifest["files"]["part0/node_feat.dgl"]
-    # the same cut as float32 (METIS differs run to run): only the features are cast
+    # the same cut as float32 (the cast never cuts again): only the features are cast
     assert {k: v for k, v in m["files"].items() if "node_feat" not in k} == \
         {k: v for k, v in parts2.manifest["files"].items() if "node_feat" not in k}
     assert m["partitions"] == parts2.manifest["partitions"]
@@ -213,7 +213,7 @@ def test_feature_dtype_partition_serves_the_cast_rows(root, graph, parts2, dtype
 
 def test_cast_partitioning_follows_a_new_float32_cut(tmp_path):
     """A float16 copy whose structure files no longer match the float32 partitioning's (made
-    from an older cut; METIS cuts differ run to run) is made again from the current one."""
+    from an older cut) is made again from the current one."""
     import json as _json
 
     from rudder.data.store import file_sha256

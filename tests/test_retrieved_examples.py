@@ -135,8 +135,8 @@ def test_the_pool_is_held_out_from_the_evaluated_traces():
 def test_no_evaluated_window_is_in_the_pool(scenario):
     """Where the evaluated trace is on disk: another trace (digest, partition) and no pool
     window with the remote rows the evaluated trace has in the same window. A trace regenerated
-    on another host has another digest than EVALUATED_DIGESTS' (METIS and the loader shuffle do
-    not reproduce: Trace.digest); it is held out from the pool all the same."""
+    now has another digest than EVALUATED_DIGESTS' (those were made before tracegen was seeded:
+    Trace.digest); it is held out from the pool all the same."""
     from rudder.trace import Trace
 
     path = ROOT / "data" / "traces" / "baselines" / scenario / "trace-r0.npz"

@@ -1,7 +1,7 @@
 """Partition a staged dataset for DistDGL, once: `<root>/<name>/parts/<P>-<method>/`
 (a suffix marks non-default balance flags or seed, see `partition_dir`).
 
-Wraps `dgl.distributed.partition_graph` (num_hops=1, METIS or random, balance_ntypes =
+Wraps `dgl.distributed.partition_graph` (num_hops=1, METIS (seeded: rudder.data.metis) or random, balance_ntypes =
 train_mask so every machine gets the same number of training seeds, return_mapping=True) and
 writes beside DGL's files:
 - `orig_nids.pt` / `orig_eids.pt`: `orig_nids[new_id] = original id`. partition_graph
@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from rudder.data.metis import seeded_metis
 from rudder.data.store import check_digest, dataset_dir, file_lock, file_sha256, load_graph, read_meta
 
 log = logging.getLogger(__name__)
@@ -116,14 +117,14 @@ def partition_dir(name: str, num_parts: int, method: str, root: str | os.PathLik
                   balance_train: bool = True, balance_edges: bool = True, seed: int = 0,
                   feature_dtype: str = "float32") -> Path:
     """`<root>/<name>/parts/<P>-<method>`, with a suffix for each non-default choice
-    (-nobaltrain, -nobaledges, -seed<N> for the random method, -f16 / -bf16 for the feature
-    dtype) so variants do not overwrite each other."""
+    (-nobaltrain, -nobaledges, -seed<N>, -f16 / -bf16 for the feature dtype) so variants do
+    not overwrite each other."""
     tag = f"{num_parts}-{method}"
     if not balance_train:
         tag += "-nobaltrain"
     if not balance_edges:
         tag += "-nobaledges"
-    if method == "random" and seed != 0:
+    if seed != 0:
         tag += f"-seed{seed}"
     tag += FEATURE_DTYPES[check_feature_dtype(feature_dtype)]
     return dataset_dir(name, root) / "parts" / tag
@@ -137,12 +138,10 @@ def check_feature_dtype(name: str) -> str:
 
 def _params(num_parts: int, method: str, balance_train: bool, balance_edges: bool,
             seed: int, feature_dtype: str = "float32") -> dict[str, Any]:
-    # METIS takes no seed (and DGL's METIS cuts differ from one process to the next: synth-small's
-    # 2-way cut came out 30,540 or 34,236 edges over 16 runs): the seed is recorded as None, so
-    # any seed reuses the one partitioning on disk.
+    # the seed of either method's assignment (METIS: pymetis's, rudder.data.metis); a manifest
+    # made by DGL's own unseeded METIS (seed None) is not reused
     params = {"num_parts": num_parts, "method": method, "balance_train": balance_train,
-              "balance_edges": balance_edges, "num_hops": 1,
-              "seed": seed if method == "random" else None}
+              "balance_edges": balance_edges, "num_hops": 1, "seed": seed}
     # only a cast is recorded: float32 manifests made before the option stay valid
     if check_feature_dtype(feature_dtype) != "float32":
         params["feature_dtype"] = feature_dtype
@@ -195,7 +194,8 @@ def partition(name: str, num_parts: int, method: str = "metis", balance_train: b
               force: bool = False, feature_dtype: str = "float32") -> PartitionInfo:
     """Partition dataset `name` (staged, or a synthetic preset, staged on demand) into
     `num_parts` parts for DistDGL; reuse an existing valid partitioning unless force=True.
-    `seed` seeds DGL's RNG (the random method's assignment); `feature_dtype` is the dtype the
+    `seed` seeds the assignment (METIS's, or DGL's RNG for random: either way the same graph,
+    parts and seed give the same partitioning anywhere); `feature_dtype` is the dtype the
     partitions store (and the servers serve) the node features in."""
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}; valid: {list(METHODS)}")
@@ -232,12 +232,12 @@ def partition(name: str, num_parts: int, method: str = "metis", balance_train: b
 def _cast_partitioning(name: str, d: Path, params: dict[str, Any], root, force: bool
                        ) -> PartitionInfo:
     """The float32 partitioning (made or reused) with only its node features cast: the same
-    nodes, halos and ids (METIS is not reproducible run to run, so partitioning again would
-    compare dtypes on different cuts). Valid while its structure files match the float32 one's."""
+    nodes, halos and ids (no second partitioning: a dtype is compared on the very same
+    files). Valid while its structure files match the float32 one's."""
     base_params = {k: v for k, v in params.items() if k != "feature_dtype"}
     base = partition(name, base_params["num_parts"], base_params["method"],
                      base_params["balance_train"], base_params["balance_edges"], root,
-                     base_params["seed"] or 0, force)
+                     base_params["seed"], force)
     checksum = base.manifest["graph_checksum"]
 
     def reusable() -> dict[str, Any] | None:
@@ -309,12 +309,13 @@ def _run_partition(g, name: str, d: Path, params: dict[str, Any], checksum: str
     tmp = d.with_name(d.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True)
     t0 = time.perf_counter()
-    dgl.random.seed(params["seed"] or 0)
+    dgl.random.seed(params["seed"])
     log.info("partitioning %s (%d nodes, %d edges) into %d parts with %s ...", name,
              g.num_nodes(), g.num_edges(), num_parts, method)
     # DGL reports progress with print(): keep stdout clean for callers that parse it, and drop
     # its "... 0 edge cuts ..." line (wrong: it counts halo edges; the log below has the cut).
-    with contextlib.redirect_stdout(_DropLines(sys.stderr, "edge cuts for")):
+    seeded = seeded_metis(params["seed"]) if method == "metis" else contextlib.nullcontext()
+    with seeded, contextlib.redirect_stdout(_DropLines(sys.stderr, "edge cuts for")):
         orig_nids, orig_eids = dgl.distributed.partition_graph(
             g, graph_name=name, num_parts=num_parts, out_path=str(tmp), num_hops=1,
             part_method=method,

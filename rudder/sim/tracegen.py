@@ -2,7 +2,7 @@
 remote accesses (the same trace format training writes).
 
   graph      a `rudder.data.synthetic` preset (or any DGLGraph; tests use dgl.rand_graph)
-  partition  METIS (dgl.metis_partition_assignment, balanced edges) or random assignment into
+  partition  METIS (seeded, balanced edges: rudder.data.metis) or random assignment into
              P parts; ownership is all DistDGL's halo definition needs
   halo       1-hop in-neighbours of partition `part`'s nodes that it does not own (the nodes
              DistDGL's partition_graph puts in the local graph with inner_node == False)
@@ -18,18 +18,17 @@ remote accesses (the same trace format training writes).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
+from rudder.data import metis
 from rudder.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -75,31 +74,9 @@ def partition_assignment(g, parts: int, method: str = "metis", seed: int = 0) ->
         return np.zeros(n, dtype=np.int64)
     if method == "random":
         return np.random.default_rng(seed).integers(0, parts, size=n).astype(np.int64)
-    # DGL 2.1's METIS can return another assignment on a later call in the same process (synth-
-    # small into 4 parts: two different ones, alternating), while a fresh process's first call is
-    # always the same; so each partitioning runs in a fresh interpreter, and traces reproduce.
-    with tempfile.TemporaryDirectory(prefix="rudder-metis-") as tmp:
-        src, dst = (x.numpy() for x in g.edges())
-        np.savez(Path(tmp) / "graph.npz", src=src, dst=dst, num_nodes=g.num_nodes())
-        code = "import sys; from rudder.sim.tracegen import _metis_file; _metis_file(*sys.argv[1:])"
-        done = subprocess.run([sys.executable, "-c", code, tmp, str(parts)], capture_output=True,
-                              text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"METIS into {parts} parts failed (exit {done.returncode}): "
-                               f"{done.stderr.strip()[-2000:]}")
-        return np.load(Path(tmp) / "owner.npy")
-
-
-def _metis_file(tmp: str, parts: str) -> None:
-    """The child of partition_assignment: reads graph.npz in `tmp`, writes owner.npy there."""
-    import dgl
-
-    arr = np.load(Path(tmp) / "graph.npz")
-    g = dgl.graph((arr["src"], arr["dst"]), num_nodes=int(arr["num_nodes"]))
-    # METIS balances edges as partition_graph(balance_edges=True) does; it works on the
-    # symmetrised graph (DGL makes it symmetric itself).
-    a = dgl.metis_partition_assignment(g, int(parts), balance_edges=True, mode="k-way")
-    np.save(Path(tmp) / "owner.npy", a.numpy().astype(np.int64))
+    # METIS balances edges as partition_graph(balance_edges=True) does, seeded (rudder.data.metis:
+    # DGL's own METIS call gives another cut from one call to the next)
+    return metis.assignment(g, parts, balance_edges=True, seed=seed).numpy()
 
 
 def halo_of(g, owner: np.ndarray, part: int) -> np.ndarray:
@@ -143,11 +120,11 @@ def trace_from_graph(g, owner: np.ndarray, spec: TraceGenSpec, train_mask: np.nd
         f = g.ndata.get("feat") if hasattr(g.ndata, "get") else None
         feat_bytes = int(f.shape[1]) * f.element_size() if f is not None else 0
 
-    torch.manual_seed(spec.seed)
+    # every draw seeded, so a spec gives one trace anywhere: the shuffle from its own generator,
+    # the sampler's on this thread (DGL's DataLoader samples on a prefetch thread whose RNG no
+    # seed reaches, and shuffles with numpy's global RNG)
+    shuffle = torch.Generator().manual_seed(spec.seed)
     sampler = dgl.dataloading.NeighborSampler(list(spec.fanouts))
-    loader = dgl.dataloading.DataLoader(
-        g, torch.from_numpy(train), sampler, batch_size=spec.batch_size, shuffle=True, drop_last=False
-    )
     order = None
     if spec.order != "shuffle":  # the trainer's SeedOrder over the edges between owned nodes
         from rudder.seed_order import SeedOrder
@@ -159,18 +136,18 @@ def trace_from_graph(g, owner: np.ndarray, spec: TraceGenSpec, train_mask: np.nd
     owner_t = torch.from_numpy(owner)
     chunks, epochs, inputs = [], [], []
     t0 = time.perf_counter()
-    for epoch in range(spec.epochs):
-        if order is not None:
-            loader = dgl.dataloading.DataLoader(
-                g, torch.from_numpy(train[order.epoch(epoch)]), sampler, batch_size=spec.batch_size,
-                shuffle=False, drop_last=False)
-        for step, (input_nodes, _seeds, _blocks) in enumerate(loader):
-            if spec.max_steps_per_epoch and step >= spec.max_steps_per_epoch:
-                break
-            remote = input_nodes[owner_t[input_nodes] != part]
-            chunks.append(remote.numpy().astype(np.int64))
-            epochs.append(epoch)
-            inputs.append(int(input_nodes.numel()))
+    with _seeded_sampling(spec.seed):
+        for epoch in range(spec.epochs):
+            seeds = torch.from_numpy(train[order.epoch(epoch)] if order is not None else
+                                     train[torch.randperm(train.size, generator=shuffle).numpy()])
+            for step, first in enumerate(range(0, seeds.numel(), spec.batch_size)):
+                if spec.max_steps_per_epoch and step >= spec.max_steps_per_epoch:
+                    break
+                input_nodes, _seeds, _blocks = sampler.sample(g, seeds[first:first + spec.batch_size])
+                remote = input_nodes[owner_t[input_nodes] != part]
+                chunks.append(remote.numpy().astype(np.int64))
+                epochs.append(epoch)
+                inputs.append(int(input_nodes.numel()))
     log.info("sampled %d minibatches (%d remote accesses) in %.1f s", len(chunks),
              sum(c.size for c in chunks), time.perf_counter() - t0)
     return Trace.from_minibatches(
@@ -178,6 +155,21 @@ def trace_from_graph(g, owner: np.ndarray, spec: TraceGenSpec, train_mask: np.nd
         input_rows=np.asarray(inputs, dtype=np.int64), feat_bytes=feat_bytes, part_id=part,
         num_parts=spec.parts,
     )
+
+
+@contextlib.contextmanager
+def _seeded_sampling(seed: int) -> Iterator[None]:
+    """DGL's sampling reproducible: its RNG seeded, one OpenMP thread (with several, to_block
+    numbers a layer's inputs in a varying order and the next layer's draws follow that order)."""
+    import dgl
+
+    threads = dgl.utils.get_num_threads()
+    dgl.utils.set_num_threads(1)
+    dgl.random.seed(seed)
+    try:
+        yield
+    finally:
+        dgl.utils.set_num_threads(threads)
 
 
 def spec_from_config(cfg, part: int = 0, **over) -> TraceGenSpec:
