@@ -131,3 +131,9 @@ def test_rudder_data_partition_gives_one_partitioning_in_two_processes(tmp_path)
         ga, gb = (dgl.load_graphs(str(i.dir / f"part{p}" / "graph.dgl"))[0][0] for i in infos)
         assert all(torch.equal(x, y) for x, y in zip(ga.edges(), gb.edges()))
         assert all(torch.equal(ga.ndata[k], gb.ndata[k]) for k in ga.ndata)
+
+
+def test_without_pymetis_the_error_says_what_to_install(monkeypatch, small):
+    monkeypatch.setitem(sys.modules, "pymetis._internal", None)  # import fails
+    with pytest.raises(ImportError, match="pymetis==2025.2.2.*--method random"):
+        metis.assignment(small, 2)

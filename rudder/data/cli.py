@@ -112,7 +112,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="do not balance training nodes across partitions")
     t.add_argument("--no-balance-edges", dest="balance_edges", action="store_false",
                    help="do not balance edges across partitions")
-    t.add_argument("--seed", type=int, default=0, help="seed of DGL's RNG (random method)")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seed of the assignment: METIS's (seeds 0 and 1 give one cut) or, for "
+                        "random, DGL's RNG; a non-zero seed gets its own folder, -seed<N>")
     t.add_argument("--feature-dtype", choices=["float32", "float16", "bfloat16"],
                    default="float32", help="dtype the partitions store (and serve) features in")
     t.add_argument("--force", action="store_true", help="repartition even if valid")
