@@ -137,3 +137,18 @@ def test_without_pymetis_the_error_says_what_to_install(monkeypatch, small):
     monkeypatch.setitem(sys.modules, "pymetis._internal", None)  # import fails
     with pytest.raises(ImportError, match="pymetis==2025.2.2.*--method random"):
         metis.assignment(small, 2)
+
+
+@pytest.mark.parametrize("method", ["metis", "random"])
+def test_tracegen_cuts_the_graph_as_rudder_data_partition(tmp_path, method):
+    """A trace's halo is the live trainer's: tracegen's owner of every node is the partition
+    `rudder data partition` put it in (one graph, one seeded assignment)."""
+    from rudder.sim.tracegen import load_graph, partition_assignment
+
+    info = P.partition("synth-small", 2, method=method, root=tmp_path)
+    owner = np.empty(info.manifest["num_nodes"], dtype=np.int64)
+    for p, rec in enumerate(info.manifest["partitions"]):
+        lo, hi = rec["node_range"]
+        owner[info.orig_nids()[lo:hi].numpy()] = p
+    g, _ = load_graph("synth-small")
+    assert np.array_equal(partition_assignment(g, 2, method), owner)

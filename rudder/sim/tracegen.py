@@ -2,8 +2,8 @@
 remote accesses (the same trace format training writes).
 
   graph      a `rudder.data.synthetic` preset (or any DGLGraph; tests use dgl.rand_graph)
-  partition  METIS (seeded, balanced edges: rudder.data.metis) or random assignment into
-             P parts; ownership is all DistDGL's halo definition needs
+  partition  METIS (rudder data partition's cut: rudder.data.metis) or random assignment
+             into P parts; ownership is all DistDGL's halo definition needs
   halo       1-hop in-neighbours of partition `part`'s nodes that it does not own (the nodes
              DistDGL's partition_graph puts in the local graph with inner_node == False)
   sampling   dgl.dataloading.NeighborSampler(fanouts) on the full graph over the partition's
@@ -72,11 +72,16 @@ def partition_assignment(g, parts: int, method: str = "metis", seed: int = 0) ->
     n = g.num_nodes()
     if parts == 1:
         return np.zeros(n, dtype=np.int64)
+    # `rudder data partition`'s assignment either way (random: DGL's RNG at the seed, as
+    # partition_graph draws it; METIS: the same seeded cut, train nodes and edges balanced), so
+    # a trace's halo is the one a live run's trainer has
     if method == "random":
-        return np.random.default_rng(seed).integers(0, parts, size=n).astype(np.int64)
-    # METIS balances edges as partition_graph(balance_edges=True) does, seeded (rudder.data.metis:
-    # DGL's own METIS call gives another cut from one call to the next)
-    return metis.assignment(g, parts, balance_edges=True, seed=seed).numpy()
+        import dgl
+
+        dgl.random.seed(seed)
+        return np.asarray(dgl.random.choice(parts, n), dtype=np.int64)
+    train = g.ndata["train_mask"] if "train_mask" in g.ndata else None
+    return metis.assignment(g, parts, train, balance_edges=True, seed=seed).numpy()
 
 
 def halo_of(g, owner: np.ndarray, part: int) -> np.ndarray:
