@@ -1,9 +1,9 @@
 """Partition a staged dataset for DistDGL, once: `<root>/<name>/parts/<P>-<method>/`
 (a suffix marks non-default balance flags or seed, see `partition_dir`).
 
-Wraps `dgl.distributed.partition_graph` (num_hops=1, METIS (seeded: rudder.data.metis) or random, balance_ntypes =
-train_mask so every machine gets the same number of training seeds, return_mapping=True) and
-writes beside DGL's files:
+Wraps `dgl.distributed.partition_graph` (num_hops=1, METIS -- seeded: rudder.data.metis -- or
+random, balance_ntypes = train_mask so every machine gets the same number of training seeds,
+return_mapping=True) and writes beside DGL's files:
 - `orig_nids.pt` / `orig_eids.pt`: `orig_nids[new_id] = original id`. partition_graph
   reshuffles ids: partition p owns the contiguous new-id range `node_map[p]`, and a DistGraph
   (its ndata, features included) is indexed by NEW ids. Map with these files.
@@ -138,8 +138,8 @@ def check_feature_dtype(name: str) -> str:
 
 def _params(num_parts: int, method: str, balance_train: bool, balance_edges: bool,
             seed: int, feature_dtype: str = "float32") -> dict[str, Any]:
-    # the seed of either method's assignment (METIS: pymetis's, rudder.data.metis); a manifest
-    # made by DGL's own unseeded METIS (seed None) is not reused
+    # the seed of either method's assignment (METIS's: rudder.data.metis); a manifest made by
+    # DGL's own unseeded METIS (seed None) is not reused
     params = {"num_parts": num_parts, "method": method, "balance_train": balance_train,
               "balance_edges": balance_edges, "num_hops": 1, "seed": seed}
     # only a cast is recorded: float32 manifests made before the option stay valid
