@@ -67,14 +67,14 @@ def ring_trace(spec, nodes: int):
 
 
 def make_trace(name: str, cfg, out: Path, ring_nodes: int, ring_epochs: int, order: str | None = None) -> Path:
-    from rudder.sim.tracegen import generate_trace, spec_from_config, write_tracegen
+    from rudder.sim.tracegen import generate_trace, is_current, spec_from_config, write_tracegen
 
     over = {"order": order} if order else {}
     if cfg.dataset.name == "synth-ring" and ring_nodes:
         over["epochs"] = ring_epochs
     spec = spec_from_config(cfg, **over)
     path = out / name / "trace-r0.npz"
-    if path.exists():
+    if path.exists() and is_current(path.parent):
         return path
     t0 = time.perf_counter()
     if cfg.dataset.name == "synth-ring" and ring_nodes:

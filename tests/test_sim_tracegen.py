@@ -121,6 +121,12 @@ def test_cached_trace_writes_once_then_reads_back(tmp_path):
     again = cached_trace(spec, tmp_path / "t")
     assert written.stat().st_mtime_ns == mtime  # read, not regenerated
     assert (again.offsets == first.offsets).all() and (again.ids == first.ids).all()
+    # a cache an older tracegen wrote (no version in trace.json) is sampled again
+    meta = tmp_path / "t" / "trace.json"
+    meta.write_text(meta.read_text().replace('"tracegen"', '"tracegen_old"'))
+    third = cached_trace(spec, tmp_path / "t")
+    assert written.stat().st_mtime_ns != mtime and '"tracegen": 2' in meta.read_text()
+    assert third.digest() == first.digest()  # the same spec, the same trace
 
 
 TRACE = """

@@ -33,6 +33,10 @@ from rudder.trace import Trace
 
 log = logging.getLogger(__name__)
 
+# 2: METIS and the sampler seeded, the partition rudder data partition's (2026-12-06); traces of
+# version 1 (no version in trace.json) differ from checkout to checkout
+TRACEGEN_VERSION = 2
+
 
 @dataclass
 class TraceGenSpec:
@@ -230,13 +234,24 @@ def generate_trace(spec: TraceGenSpec, g=None, owner: np.ndarray | None = None) 
 
 
 def write_tracegen(out_dir: str | Path, trace: Trace, spec: TraceGenSpec, facts: dict) -> Path:
-    """out_dir/trace-r<part>.npz and out_dir/trace.json (spec + graph facts; not a run.json,
-    so the results store does not mistake the folder for a run)."""
+    """out_dir/trace-r<part>.npz and out_dir/trace.json (spec + graph facts + TRACEGEN_VERSION;
+    not a run.json, so the results store does not mistake the folder for a run)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = trace.save(out / f"trace-r{spec.part}.npz")
-    (out / "trace.json").write_text(json.dumps({"spec": asdict(spec), "graph": facts}, indent=2))
+    (out / "trace.json").write_text(json.dumps(
+        {"spec": asdict(spec), "graph": facts, "tracegen": TRACEGEN_VERSION}, indent=2))
     return path
+
+
+def is_current(out_dir: str | Path) -> bool:
+    """Whether out_dir's trace was written by this tracegen (a cache made by an older one, whose
+    traces differ, is made again)."""
+    try:
+        meta = json.loads((Path(out_dir) / "trace.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("tracegen") == TRACEGEN_VERSION
 
 
 def cached_trace(spec: TraceGenSpec, out_dir: str | Path | None = None) -> Trace:
@@ -244,7 +259,9 @@ def cached_trace(spec: TraceGenSpec, out_dir: str | Path | None = None) -> Trace
     (and written there, when out_dir is given): benchmarks that replay one trace many ways."""
     path = Path(out_dir) / "trace-r0.npz" if out_dir else None
     if path is not None and path.exists():
-        return Trace.load(path)
+        if is_current(path.parent):
+            return Trace.load(path)
+        log.info("%s: written by an older tracegen; sampling it again", path)
     trace, info = generate_trace(spec)
     if path is not None:
         write_tracegen(path.parent, trace, spec, info)
