@@ -37,6 +37,16 @@ def _digest(a) -> str:
     return hashlib.sha256(a.numpy().tobytes()).hexdigest()
 
 
+def _owner(info) -> np.ndarray:
+    """The partition of every original node id: partition p owns new ids node_range[p]."""
+    orig = info.orig_nids().numpy()
+    owner = np.empty(info.manifest["num_nodes"], dtype=np.int64)
+    for p, rec in enumerate(info.manifest["partitions"]):
+        lo, hi = rec["node_range"]
+        owner[orig[lo:hi]] = p
+    return owner
+
+
 def _cut(g, owner) -> int:
     src, dst = (x.numpy() for x in g.edges())
     return int((owner[src] != owner[dst]).sum())
@@ -81,10 +91,7 @@ def test_partition_uses_the_seeded_cut_and_restores_dgl(tmp_path):
     g = store.load_graph(NAME, tmp_path)
     info = P.partition(NAME, 2, root=tmp_path)
     assert info.manifest["params"]["seed"] == 0 and info.dir.name == "2-metis"
-    owner = np.empty(g.num_nodes(), dtype=np.int64)  # original id -> partition
-    for p, rec in enumerate(info.manifest["partitions"]):
-        lo, hi = rec["node_range"]
-        owner[info.orig_nids()[lo:hi].numpy()] = p
+    owner = _owner(info)
     want = metis.assignment(g, 2, g.ndata["train_mask"], True, seed=0).numpy()
     assert np.array_equal(owner, want)
     assert dgl_partition.metis_partition_assignment is dgl_own
@@ -146,9 +153,6 @@ def test_tracegen_cuts_the_graph_as_rudder_data_partition(tmp_path, method):
     from rudder.sim.tracegen import load_graph, partition_assignment
 
     info = P.partition("synth-small", 2, method=method, root=tmp_path)
-    owner = np.empty(info.manifest["num_nodes"], dtype=np.int64)
-    for p, rec in enumerate(info.manifest["partitions"]):
-        lo, hi = rec["node_range"]
-        owner[info.orig_nids()[lo:hi].numpy()] = p
+    owner = _owner(info)
     g, _ = load_graph("synth-small")
     assert np.array_equal(partition_assignment(g, 2, method), owner)
