@@ -24,12 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rudder.agent.context import ContextBuilder, evidence  # noqa: E402
+from rudder.agent.context import ContextBuilder  # noqa: E402
 from rudder.agent.decision import DecisionMaker, HttpBackend  # noqa: E402
 from rudder.agent.eval import percentile  # noqa: E402
 from rudder.agent.messages import START_WINDOW, HistoryEntry, budget_rows, conclusion  # noqa: E402
 from rudder.agent.models import resolve  # noqa: E402
 from rudder.agent.service import AgentService  # noqa: E402
+from rudder.agent.signals import evidence  # noqa: E402
 
 CTX_KEYS = ("rank", "num_trainers", "part_id", "num_parts", "num_nodes", "partition_nodes",
             "halo_nodes", "capacity", "batch_size", "fanouts", "steps_per_epoch", "epochs",

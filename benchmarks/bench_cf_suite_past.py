@@ -113,7 +113,7 @@ def build(scenarios, trace_dir: Path, coins, seeds, p: float, horizon: int) -> l
 
 def pool_overlap(recs: list[dict]) -> list[str]:
     """Sources of windows whose trace is the judge-history-3 example pool's (must be none)."""
-    from rudder.agent.context import POOL_DIGEST
+    from rudder.agent.history_examples import POOL_DIGEST
 
     return [r["source"] for r in recs if r["trace_digest"] == POOL_DIGEST[:12]]
 

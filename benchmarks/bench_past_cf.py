@@ -172,7 +172,7 @@ RECENT_KEEP = ("hit_rate", "minibatches", "remote_rows", "fetched_rows")
 
 
 def ship(pool: Path, out: Path) -> None:
-    """The pool's windows as judge-history-3 reads them (rudder.agent.context.example_pool)."""
+    """The pool's windows as judge-history-3 reads them (rudder.agent.history_examples.example_pool)."""
     d = json.loads(pool.read_text())
     lines = [json.dumps({"trace_digest": d["digest"], "seed": e["seed"],
                          "window": {k: v for k, v in e["window"].items() if k not in WINDOW_DROP},

@@ -132,7 +132,7 @@ def test_hindsight_examples_only_where_one_branch_tells():
 
 
 def test_reason_ends_with_the_deciding_facts():
-    from rudder.agent.context import evidence
+    from rudder.agent.signals import evidence
 
     assert evidence(WINDOW, [0.38], 10_000, lookahead=True) == "hit rate falling, lookahead on, much missing ahead"
     assert evidence({**WINDOW, "lookahead_missing": 499}, [0.38], 10_000, lookahead=True).endswith("little missing ahead")

@@ -9,10 +9,11 @@ import re
 
 import pytest
 
-from rudder.agent.context import CANNED_CONTEXT, ContextBuilder, window_signals
+from rudder.agent.context import CANNED_CONTEXT, ContextBuilder
 from rudder.agent.decision import DecisionMaker
 from rudder.agent.messages import Answer, Decision, HistoryEntry, answer_schema
 from rudder.agent.policy import AgentPolicy
+from rudder.agent.signals import window_signals
 from rudder.config import AgentConfig, PrefetchConfig
 
 from test_agent_policy import ScriptedBackend, ctx, drive, step, win  # noqa: E402 (tests/ is on sys.path)

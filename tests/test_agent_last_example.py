@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from rudder.agent.context import PAST_CANNED, PAST_CONTEXT, ContextBuilder, example_pool
+from rudder.agent.context import ContextBuilder
 from rudder.agent.decision import DecisionMaker
+from rudder.agent.history_examples import PAST_CANNED, PAST_CONTEXT, example_pool
 from rudder.agent.policy import service_url
 from rudder.config import AgentConfig, PrefetchConfig
 from rudder.sim.simulate import parse_policy, simulate

@@ -17,8 +17,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_cf_suite_past as suite  # noqa: E402
 
-from rudder.agent.context import POOL_DIGEST, POOL_FILE, ContextBuilder  # noqa: E402
+from rudder.agent.context import ContextBuilder  # noqa: E402
 from rudder.agent.eval import balanced, load_windows, split_held_out  # noqa: E402
+from rudder.agent.history_examples import POOL_DIGEST, POOL_FILE  # noqa: E402
 from rudder.agent.judge import REPLACE_MARGIN  # noqa: E402
 from rudder.config import PrefetchConfig  # noqa: E402
 from rudder.sim.tracegen import random_trace  # noqa: E402
@@ -101,7 +102,7 @@ def test_the_shipped_held_out_file_is_balanced_judged_and_not_the_pools():
 
 def _pool_windows() -> list[dict]:
     """The example pool's own labelled windows as suite windows (the pool run's facts)."""
-    from rudder.agent.context import PAST_CONTEXT
+    from rudder.agent.history_examples import PAST_CONTEXT
 
     pool = [json.loads(x) for x in POOL_FILE.read_text().splitlines() if x.strip()]
     return [{"context": PAST_CONTEXT, "window": e["window"], "recent": e["recent"],
@@ -120,7 +121,7 @@ def test_the_nearest_example_baseline_is_a_lookup_in_the_pool():
 
 
 def test_a_models_answers_are_counted_against_its_last_example():
-    from rudder.agent.context import JUDGE_HISTORY_CANNED, PAST_CANNED, PAST_CONTEXT
+    from rudder.agent.history_examples import JUDGE_HISTORY_CANNED, PAST_CANNED, PAST_CONTEXT
 
     w = PAST_CANNED[0]
     prompt = ContextBuilder(PAST_CONTEXT, "judge-history-2b").build(w["window"], [], w["recent"])
@@ -136,7 +137,7 @@ def test_a_models_answers_are_counted_against_its_last_example():
 
 
 def test_the_canned_order_experiment_puts_another_example_last():
-    from rudder.agent.context import PAST_CANNED, PAST_CONTEXT
+    from rudder.agent.history_examples import PAST_CANNED, PAST_CONTEXT
 
     before = list(PAST_CANNED)
     w = PAST_CANNED[0]

@@ -12,8 +12,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rudder.agent.context import CANNED_CONTEXT, HISTORY_CONTEXT, ContextBuilder
+from rudder.agent.context import CANNED_CONTEXT, ContextBuilder
 from rudder.agent.hindsight import _Forks, collect_run, judge_run
+from rudder.agent.history_examples import HISTORY_CONTEXT
 from rudder.agent.messages import EVICT_WORDS, Answer, Decision
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.policy import EVICT_PERIODS, Policy, Replace, stale_after

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rudder.agent.context import (CANNED_CONTEXT, HISTORY_CONTEXT, JUDGE_HISTORY_CANNED, ContextBuilder,
-                                  window_signals)
+from rudder.agent.context import CANNED_CONTEXT, ContextBuilder
+from rudder.agent.history_examples import HISTORY_CONTEXT, JUDGE_HISTORY_CANNED
 from rudder.agent.messages import Answer
+from rudder.agent.signals import window_signals
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.sim.simulate import simulate
 from rudder.sim.tracegen import random_trace

@@ -12,15 +12,10 @@ import json
 import jsonschema
 import pytest
 
-from rudder.agent.context import (
-    HISTORY_CONTEXT,
-    PAST_CANNED,
-    PAST_CONTEXT,
-    ContextBuilder,
-    past_counterfactual,
-    past_line,
-)
+from rudder.agent.context import ContextBuilder
+from rudder.agent.history_examples import HISTORY_CONTEXT, PAST_CANNED, PAST_CONTEXT
 from rudder.agent.messages import Answer, HistoryEntry
+from rudder.agent.signals import past_counterfactual, past_line
 from rudder.agent.steering import past_rounds
 from rudder.config import PrefetchConfig
 from rudder.prefetch.policy import Replace

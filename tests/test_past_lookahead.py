@@ -10,8 +10,9 @@ import json
 import jsonschema
 import pytest
 
-from rudder.agent.context import CANNED_CONTEXT, JUDGE_PAST_CANNED, ContextBuilder, past_counterfactual, past_line
+from rudder.agent.context import CANNED_CONTEXT, JUDGE_PAST_CANNED, ContextBuilder
 from rudder.agent.messages import Answer
+from rudder.agent.signals import past_counterfactual, past_line
 from rudder.agent.steering import past_rounds
 from rudder.config import PrefetchConfig
 from rudder.prefetch.policy import Replace

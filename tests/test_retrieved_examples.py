@@ -13,13 +13,12 @@ import jsonschema
 import numpy as np
 import pytest
 
-from rudder.agent.context import (
+from rudder.agent.context import PAST_SYSTEM, ContextBuilder
+from rudder.agent.history_examples import (
     PAST_CANNED,
     PAST_CONTEXT,
-    PAST_SYSTEM,
     POOL_DIGEST,
     POOL_FILE,
-    ContextBuilder,
     ExamplePool,
     example_pool,
     pool_features,

@@ -31,7 +31,7 @@ Prompt variants (scored by `rudder agent eval`):
                 time per minibatch), what the sampled-ahead minibatches lack and its drift; the
                 rules of thumb and the "much/little missing ahead" verdict are gone, the answer
                 also chooses admission (admit misses|any), and the grammar holds only the format
-                (any short reason ending in its conclusion). `window_signals` computes them;
+                (any short reason ending in its conclusion). `signals.window_signals` computes them;
                 also the fetched-rows trend (% per window), the remote rows' drift (the stream
                 moving where nothing is sampled ahead) and, lookahead off, what a round costs
                 (its rows in minibatches' worth of fetched rows).
@@ -56,12 +56,18 @@ Prompt variants (scored by `rudder agent eval`):
                 nearest to the asked window by its signals (pool_features: the past
                 counterfactual's best saving, stale shares, hit-rate trend), both answers shown
                 where the pool has both, the nearest's answer last; reasons written from each pool
-                window's own past counterfactual and its judged label (pool_reason).
+                window's own past counterfactual and its judged label (pool_reason; both in
+                rudder.agent.history_examples).
   judge-past    judge (lookahead on) plus the past counterfactual of lookahead rounds: the
                 window just closed replayed from the buffer as it was at its start with a round
                 before every minibatch (each budget and admit word) and without, as
                 "saved / cost" shares (BENCHMARKS 7q); judge's three windows with that fact
                 added, keep first, each reason quoting it; no own history (as 2b).
+
+Where the parts live: the signals of a window and the past counterfactual's figures, as numbers
+and as the words prompts use, in rudder.agent.signals; the held-out example run of the
+history-only variants (their canned windows and judge-history-3's pool) in
+rudder.agent.history_examples; the system texts, the other canned examples and the builder here.
 
 Window rows (remote_rows, fetched_rows, replaced_rows) are totals over the window's minibatches
 and are shown per minibatch; stale_slots, buffer_fill, lookahead_* are snapshots at its close.
@@ -71,14 +77,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
-
+from rudder.agent.history_examples import (
+    HISTORY_CONTEXT,
+    JUDGE_HISTORY_CANNED,
+    PAST_CANNED,
+    PAST_CONTEXT,
+    example_pool,
+    pool_design,
+)
 from rudder.agent.messages import (
-    ADMITS,
     BUDGET_SHARE,
     START_WINDOW,
     Answer,
@@ -88,12 +97,20 @@ from rudder.agent.messages import (
     budget_text,
     conclusion,
 )
+from rudder.agent.signals import (
+    LOOKAHEAD_PAST_ORDER,
+    LOOKAHEAD_SMALL,
+    evidence,
+    missing_word,
+    num_text,
+    past_line,
+    pct_text,
+    per_minibatch,
+    trend_word,
+    window_signals,
+)
 from rudder.prefetch.policy import RunContext
 from rudder.records import HIT_TOL, ROWS_TOL, direction  # "flat" = |hit delta| < 1 pt, |rows delta| < 2%
-
-# Below this share of capacity missing ahead, a lookahead round has little to admit (the rule of
-# thumb in the system message, and where a kept window is a trustworthy keep example).
-LOOKAHEAD_SMALL = 0.05
 
 
 # Own examples of the `default` variant come in blocks of this many decisions (by decision
@@ -156,13 +173,6 @@ class Prompt:
     window: int | None = None  # the window asked about (a scripted backend answers by it)
 
 
-def per_minibatch(window: dict, key: str) -> float | None:
-    v = window.get(key)
-    if v is None:
-        return None
-    return float(v) / max(1, int(window.get("minibatches") or 1))
-
-
 def as_context(ctx: RunContext | dict) -> RunContext:
     """A RunContext from a RunContext or a dict (eval files); missing facts default to 0."""
     if isinstance(ctx, RunContext):
@@ -172,14 +182,6 @@ def as_context(ctx: RunContext | dict) -> RunContext:
     base.update(fanouts=[], run_dir=None, extra={})
     base.update({k: v for k, v in ctx.items() if k in names})
     return RunContext(**base)
-
-
-def _pct(x: float | None, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:,.0f}"
 
 
 # The system message and the canned examples are the same for every run, rank and window, so
@@ -288,7 +290,6 @@ RETRIEVE_VARIANTS = {"judge-history-3"}  # examples retrieved per window from th
 # windows after its first keep, then "cost 1.7%, a round pays: replace" after its first replaces
 NO_OWN_HISTORY = {"judge-history-2b", "judge-history-3", "judge-past"}
 JUDGE_VARIANTS = {"judge", "judge-past", *HISTORY_VARIANTS}
-TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many windows (current included)
 
 JUDGE_SYSTEM = f"""\
 You steer the remote-feature buffer of one trainer in distributed GNN training.
@@ -360,7 +361,6 @@ JUDGE_PAST_SYSTEM = JUDGE_SYSTEM.replace(
     "with a round before every minibatch (each budget and admit word) and without: the share of the window's "
     "fetched rows those rounds would have saved, or cost. Measured on the past, not a forecast\n"
     "Action (holds until")
-LOOKAHEAD_PAST_ORDER = [(b, a) for a in ADMITS for b in BUDGET_SHARE]
 # judge's windows, keep first (small models copy the last example), each round replayed with
 # either admission; `misses` is the best admission in all three, as it is in rows on the streams
 # measured (BENCHMARKS 7q: with an example where `any` was best, SmolLM2 answered any everywhere)
@@ -405,75 +405,6 @@ JUDGE_HISTORY_ANSWER = ('{"reason": "<the signals you weigh>: replace|keep", "re
                         '"budget": "small"|"medium"|"large", "evict": "stale"|"half", '
                         '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}')
 
-# The run the history-only examples come from: a held-out trainer (partition 1 of synth-small's
-# 2, seed 1; the scenarios replay partition 0) of history_cold_small's settings -- lookahead 0,
-# random initial fill, period 10, window 5 -- replayed under a coin decider (medium budget,
-# seeds 0-2) and judged by the counterfactual (`rudder agent judge`, horizon 2 windows), each
-# window's replace branch played at every budget and evict word: the answers are the judge's
-# best option. Made by (2026-12-04, h18c): tracegen of configs/scenarios/history_cold_small.yaml
-# with part=1, seed=1 (digest 8ee11d75ebe6), then hindsight.collect_run (BENCHMARKS 7g).
-HISTORY_CONTEXT = dict(rank=1, num_trainers=2, part_id=1, num_parts=2, num_nodes=20_000,
-                       partition_nodes=9_803, halo_nodes=5_680, capacity=1_420, batch_size=500,
-                       fanouts=[10, 25], steps_per_epoch=10, epochs=10, feat_dim=32, feat_bytes=128,
-                       window=5, lookahead=0)
-
-
-def _mb(hit_rate: float, remote_rows: int, fetched_rows: int) -> dict:
-    return {"hit_rate": hit_rate, "minibatches": 5, "remote_rows": remote_rows, "fetched_rows": fetched_rows}
-
-
-# Four windows, two answers each (not alternating), the reasons naming the signals they rest
-# on (shares: rows a round saves of the next two windows' remote rows, by the judge):
-#   a cold buffer, 2% of slots stale but 59% at half the period: large/half saved 8.4%
-#     (large/stale 1.5%: too few slots free at the period)
-#   rounds had lifted the hit rate 26% -> 32%, 24% stale: every round cost (medium -0.4%)
-#   hit rate steady near 31%, 4% stale: every round cost (-0.3% stale, -0.7% half)
-#   hit rate flat at 26-27% for four windows, 63% stale: large/stale saved 3.3% (half 2.9%,
-#     medium 2.6%): with many stale slots, half only takes more recently hit ones
-JUDGE_HISTORY_CANNED: list[dict[str, Any]] = [
-    {   # coin seed 1, window 1: large/half saved 8.42%, large/stale 1.45%, medium/half 4.63%
-        "window": {"window": 1, "first_step": 5, "last_step": 9, "minibatches": 5, "hit_rate": 0.201,
-                   "remote_rows": 17774, "fetched_rows": 14202, "replaced_rows": 0, "stale_slots": 26,
-                   "stale_half": 835, "buffer_fill": 1420, "missed_nodes": 3929, "missed_again": 3678,
-                   "missed_union": 4187},
-        "recent": [_mb(0.2011, 18403, 14702)],
-        "answer": {"reason": "hit rate low at 20%, only 2% of slots stale but 59% at half: replace",
-                   "replace": True, "budget": "large", "evict": "half",
-                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
-    },
-    {   # coin seed 2, window 13 (after rounds at windows 10 and 11): every round cost (medium -0.41%)
-        "window": {"window": 13, "first_step": 65, "last_step": 69, "minibatches": 5, "hit_rate": 0.3167,
-                   "remote_rows": 17785, "fetched_rows": 12153, "replaced_rows": 0, "stale_slots": 347,
-                   "stale_half": 394, "buffer_fill": 1420, "missed_nodes": 3772, "missed_again": 3403,
-                   "missed_union": 4368},
-        "recent": [_mb(0.2631, 18492, 13627), _mb(0.2928, 17782, 12634), _mb(0.3082, 18425, 12823)],
-        "answer": {"reason": "hit rate up from 26% to 32% after the rounds, 24% of slots stale: keep",
-                   "replace": False, "budget": "small", "evict": "stale",
-                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
-    },
-    {   # coin seed 1, window 12: every round cost (small/stale -0.35%, half -0.44%)
-        "window": {"window": 12, "first_step": 60, "last_step": 64, "minibatches": 5, "hit_rate": 0.3113,
-                   "remote_rows": 18425, "fetched_rows": 12690, "replaced_rows": 0, "stale_slots": 59,
-                   "stale_half": 109, "buffer_fill": 1420, "missed_nodes": 3800, "missed_again": 3420,
-                   "missed_union": 4334},
-        "recent": [_mb(0.3104, 17883, 12424), _mb(0.3108, 18492, 12745), _mb(0.3127, 17782, 12316)],
-        "answer": {"reason": "hit rate steady near 31%, 4% of slots stale, 8% at half: keep",
-                   "replace": False, "budget": "small", "evict": "stale",
-                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
-    },
-    {   # coin seed 2, window 10 (no round for eight windows): large/stale saved 3.28%, large/half 2.90%
-        "window": {"window": 10, "first_step": 50, "last_step": 54, "minibatches": 5, "hit_rate": 0.2631,
-                   "remote_rows": 18492, "fetched_rows": 13627, "replaced_rows": 0, "stale_slots": 892,
-                   "stale_half": 953, "buffer_fill": 1420, "missed_nodes": 3823, "missed_again": 3534,
-                   "missed_union": 4124},
-        "recent": [_mb(0.2684, 17749, 12986), _mb(0.2669, 18403, 13492), _mb(0.2670, 17883, 13108)],
-        "answer": {"reason": "hit rate flat at 26%, 63% of slots stale, same nodes missing: replace",
-                   "replace": True, "budget": "large", "evict": "stale",
-                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
-    },
-]
-
-
 # ---- judge-history-2 (h18d): the past counterfactual, measured ------------------------------
 # judge-history's windows plus one measured past fact: the window just closed, replayed from the
 # buffer as it was at its start with one round at its first minibatch (each budget x evict word)
@@ -488,347 +419,6 @@ PAST_SYSTEM = JUDGE_HISTORY_SYSTEM.replace(
     "at its start, with one round at its first minibatch (each budget and evict word) and without: the share of "
     "the window's fetched rows that round would have saved, or cost. Measured on the past, not a forecast\n"
     "- link (where measured)")
-PAST_CONTEXT = HISTORY_CONTEXT  # the same held-out trainer's facts (halo 5,680, capacity 1,420)
-PAST_ORDER = [(b, e) for e in ("stale", "half") for b in ("small", "medium", "large")]
-# the labels of Policy.past_rounds (rudder.agent.steering.past_rounds): MassiveGNN, then lookahead
-PAST_LABELS = [f"{b}_{x}" for b, x in PAST_ORDER + LOOKAHEAD_PAST_ORDER]
-
-
-def _past(keep: int, rows: dict[str, int]) -> dict:
-    return {"past_minibatches": 5, "past_keep_fetched": keep,
-            **{f"past_fetched_{b}_{e}": rows[f"{b}_{e}"] for b, e in PAST_ORDER}}
-
-
-# Four windows of the held-out example run (history_cold_small's settings on partition 1 of
-# synth-small's 2, seed order 1: tracegen digest a53ee6115dcf, regenerated in h18d; a coin decider,
-# medium/stale, seeds 0-2: `python benchmarks/bench_past_cf.py pool`), answered as the
-# counterfactual judge found right over the next 2 windows (its best option):
-#   seed 1 window 10: every option cost (best -0.05% of the next windows' remote rows): keep
-#   seed 0 window 2: large/half saved 9.2% (large/stale 7.3%): replace large/half
-#   seed 0 window 9: every option cost (-0.14% stale, -0.42% half): keep
-#   seed 2 window 6: medium/stale saved 1.44% (large/stale 1.28%, large/half 0.83%): replace medium/stale
-PAST_CANNED: list[dict[str, Any]] = [
-    {
-        "window": {"window": 10, "first_step": 50, "last_step": 54, "minibatches": 5, "hit_rate": 0.3151,
-                   "remote_rows": 18060, "fetched_rows": 12410, "replaced_rows": 41, "stale_slots": 10,
-                   "stale_half": 77, "buffer_fill": 1420, "missed_nodes": 3872, "missed_again": 3431,
-                   "missed_union": 4425,
-                   **_past(12318, {"small_stale": 12393, "medium_stale": 12410, "large_stale": 12410,
-                                   "small_half": 12393, "medium_half": 12497, "large_half": 12497})},
-        "recent": [_mb(0.3102, 17809, 12284), _mb(0.3071, 18543, 12849), _mb(0.3163, 17815, 12275)],
-        "answer": {"reason": "best round small/stale cost 0.6%, no round pays: keep",
-                   "replace": False, "budget": "small", "evict": "stale",
-                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
-    },
-    {
-        "window": {"window": 2, "first_step": 10, "last_step": 14, "minibatches": 5, "hit_rate": 0.2038,
-                   "remote_rows": 18323, "fetched_rows": 14589, "replaced_rows": 0, "stale_slots": 418,
-                   "stale_half": 1094, "buffer_fill": 1420, "missed_nodes": 3920, "missed_again": 3664,
-                   "missed_union": 4168,
-                   **_past(14589, {"small_stale": 14360, "medium_stale": 14340, "large_stale": 14340,
-                                   "small_half": 14360, "medium_half": 13818, "large_half": 13322})},
-        "recent": [_mb(0.2001, 18556, 14843), _mb(0.199, 17708, 14184)],
-        "answer": {"reason": "best round large/half saved 8.7%, a round pays: replace",
-                   "replace": True, "budget": "large", "evict": "half",
-                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
-    },
-    {
-        "window": {"window": 9, "first_step": 45, "last_step": 49, "minibatches": 5, "hit_rate": 0.3159,
-                   "remote_rows": 17815, "fetched_rows": 12221, "replaced_rows": 33, "stale_slots": 18,
-                   "stale_half": 94, "buffer_fill": 1420, "missed_nodes": 3849, "missed_again": 3439,
-                   "missed_union": 4444,
-                   **_past(12164, {"small_stale": 12219, "medium_stale": 12221, "large_stale": 12221,
-                                   "small_half": 12219, "medium_half": 12311, "large_half": 12311})},
-        "recent": [_mb(0.3016, 18400, 12921), _mb(0.3106, 17809, 12278), _mb(0.31, 18543, 12890)],
-        "answer": {"reason": "best round small/stale cost 0.5%, no round pays: keep",
-                   "replace": False, "budget": "small", "evict": "stale",
-                   "expected": {"hit_rate": "flat", "remote_rows": "flat"}},
-    },
-    {
-        "window": {"window": 6, "first_step": 30, "last_step": 34, "minibatches": 5, "hit_rate": 0.2873,
-                   "remote_rows": 18400, "fetched_rows": 13114, "replaced_rows": 0, "stale_slots": 576,
-                   "stale_half": 718, "buffer_fill": 1420, "missed_nodes": 3817, "missed_again": 3489,
-                   "missed_union": 4130,
-                   **_past(13114, {"small_stale": 13027, "medium_stale": 12921, "large_stale": 12923,
-                                   "small_half": 13027, "medium_half": 12921, "large_half": 13038})},
-        "recent": [_mb(0.2467, 17934, 13520), _mb(0.2828, 18285, 13150), _mb(0.294, 17887, 12628)],
-        "answer": {"reason": "best round medium/stale saved 1.5%, a round pays: replace",
-                   "replace": True, "budget": "medium", "evict": "stale",
-                   "expected": {"hit_rate": "up", "remote_rows": "down"}},
-    },
-]
-
-
-def past_counterfactual(w: dict) -> dict[str, float] | None:
-    """{"<budget>/<evict>" (MassiveGNN rounds) or "<budget>/<admit>" (lookahead rounds): change of the
-    window's fetched rows had that decision been taken at its start, relative to no round
-    (negative: saved rows)}, from the window's past counterfactual fields
-    (rudder.prefetch.past); None where it has none."""
-    keep = w.get("past_keep_fetched")
-    if keep is None:
-        return None
-    out = {}
-    for label in PAST_LABELS:
-        v = w.get(f"past_fetched_{label}")
-        if v is not None:
-            out[label.replace("_", "/")] = (float(v) - keep) / max(1.0, float(keep))
-    return out or None
-
-
-def _saved(x: float) -> str:
-    return "no change" if abs(x) < 0.0005 else (f"saved {-100 * x:.1f}%" if x < 0 else f"cost {100 * x:.1f}%")
-
-
-def past_line(w: dict) -> str | None:
-    """The past counterfactual as the prompt shows it: every option, then the best one."""
-    pc = past_counterfactual(w)
-    if pc is None:
-        return None
-    best = min(pc, key=lambda k: (pc[k], list(pc).index(k)))
-    n = int(w.get("past_windows") or 1)  # prefetch.past_windows: a round n - 1 windows before this one
-    if all(k.endswith(("/misses", "/any")) for k in pc):  # lookahead rounds: one before every minibatch
-        head = ("lookahead rounds before each of this window's minibatches (replayed) would have: " if n == 1 else
-                f"lookahead rounds before each minibatch of the last {n} windows (replayed) would have: ")
-    else:
-        head = ("a round at this window's start (replayed on its minibatches) would have: " if n == 1 else
-                f"a round {n} windows ago (replayed on the {n} windows since) would have: ")
-    return (head + ", ".join(f"{k} {_saved(v)}" for k, v in pc.items())
-            + f" of {'its' if n == 1 else 'their'} fetched rows; best {best} {_saved(pc[best])}")
-
-
-# ---- judge-history-3 (h18e): examples retrieved per window from the held-out pool ----------
-# judge-history-2b's four canned windows are one fixed draw of the held-out pool (PAST_CANNED);
-# here the RETRIEVE_K pool windows nearest to the asked window by what it shows are the
-# examples, so a window whose past counterfactual says "cost 0.3%" is shown keep windows that
-# said so, and window 0 ("no change" everywhere: nothing was stale at the window before) is
-# shown the pool's window 0s. The pool (history_pool.jsonl, `python benchmarks/bench_past_cf.py
-# ship`): the 54 windows of `bench_past_cf.py pool` -- history_cold_small's settings on
-# PARTITION 1 of synth-small's 2 with SEED ORDER 1 (tracegen digest POOL_DIGEST), a coin decider
-# (medium/stale, coin seeds 0-2), each window labelled by the counterfactual judge over the next
-# 2 windows (replace: the best option saves > 0.5% of their remote rows, with that option's
-# budget and evict; keep: no option saves anything; too close: left out). The evaluated
-# scenarios replay partition 0 with seed order 0 (history_cold_small: synth-small;
-# history_cold: synth-medium, another graph), so no evaluated window is in the pool.
-POOL_FILE = Path(__file__).with_name("history_pool.jsonl")
-POOL_DIGEST = "a53ee6115dcf"
-RETRIEVE_K = 4
-# The features and the scale of one unit of distance each: the best past-counterfactual saving
-# (share of the window's fetched rows, 2 points), slots stale at the period and at half of it
-# (25% of capacity), the hit-rate trend (2 points per window), and "no earlier window" (the
-# first window, where no round has been measured: weighed so that first windows meet first ones).
-FEATURES = ("past_saving", "stale_share", "stale_half_share", "hit_trend_pt", "first_window")
-FEATURE_SCALE = np.array([0.02, 0.25, 0.25, 2.0, 1 / 3])
-SAVING_CLIP = (-0.02, 0.10)  # a saving beyond these says no more (a round that costs 2% or saves 10%)
-
-
-def pool_features(w: dict, recent: Iterable[float | dict] = (), capacity: int = 0) -> np.ndarray:
-    """A window's retrieval features (FEATURES), scaled by FEATURE_SCALE; missing ones 0."""
-    sig = window_signals(w, recent, capacity, lookahead=False)
-    pc = past_counterfactual(w)
-    saving = float(np.clip(-min(pc.values()), *SAVING_CLIP)) if pc else 0.0
-    cap = max(1, capacity)
-    half = w.get("stale_half")
-    x = [saving, sig["stale_share"] or 0.0, 0.0 if half is None else half / cap,
-         sig["hit_trend_pt"] or 0.0, float(sig["hit_trend_pt"] is None)]
-    return np.asarray(x, dtype=float) / FEATURE_SCALE
-
-
-def pool_reason(w: dict, replace: bool) -> str:
-    """A pool window's reason: its own past counterfactual (as past_line's "best" quotes it),
-    then the judged answer: "a round pays: replace" / "too little to pay: keep" (a best round
-    that saved, but not enough) / "no round pays: keep"."""
-    pc = past_counterfactual(w) or {}
-    if all(abs(v) < 0.0005 for v in pc.values()):
-        half = w.get("stale_half")
-        share = _pct(None if half is None else half / max(1, PAST_CONTEXT["capacity"]), 0)
-        head = f"no round changed this window, {share} of slots stale at half"
-        return head + (": replace" if replace else ": keep")
-    best = min(pc, key=lambda k: (pc[k], list(pc).index(k)))
-    head = f"best round {best} {_saved(pc[best])}"
-    if replace:
-        return head + ", a round pays: replace"
-    return head + (", too little to pay: keep" if pc[best] < -0.0005 else ", no round pays: keep")
-
-
-class ExamplePool:
-    """The held-out labelled windows judge-history-3 retrieves its examples from: their
-    features as one matrix (nearest neighbours by one vectorised distance), duplicates (the
-    coin seeds' identical first windows) and too-close windows left out."""
-
-    def __init__(self, entries: list[dict], capacity: int = PAST_CONTEXT["capacity"]):
-        entries = [e for e in entries if e["label"] in ("replace", "keep")]
-        feats = np.stack([pool_features(e["window"], e["recent"], capacity) for e in entries])
-        labels = np.array([e["label"] == "replace" for e in entries])
-        # one of each near-duplicate (the coin seeds' windows before their coins differ): the
-        # same answer and features equal to a tenth of a unit
-        _, first = np.unique(np.c_[np.round(feats, 1), labels], axis=0, return_index=True)
-        keep = np.sort(first)
-        self.entries = [entries[i] for i in keep]
-        self.features, self.replace = feats[keep], labels[keep]
-
-    def nearest(self, w: dict, recent: Iterable[float | dict] = (), capacity: int = 0,
-                k: int = RETRIEVE_K) -> list[int]:
-        """Indices of the k windows nearest to `w` by pool_features; where all k have one
-        answer, the farthest of them gives way to the nearest with the other answer. In a fixed
-        order (the same set, the same prompt): the other answer's windows first, then those with
-        the nearest window's answer (last, where small models copy from), each in pool order."""
-        d = np.linalg.norm(self.features - pool_features(w, recent, capacity), axis=1)
-        order = np.argsort(d, kind="stable")
-        chosen = order[:k]
-        same = self.replace[chosen]
-        if k > 1 and (same.all() or not same.any()):
-            other = order[self.replace[order] != same[0]]
-            if other.size:
-                chosen = np.r_[chosen[:k - 1], other[0]]
-        near = self.replace[order[0]]
-        return sorted((int(i) for i in chosen), key=lambda i: (self.replace[i] == near, i))
-
-    def example(self, i: int) -> dict[str, Any]:
-        """Pool window i as a canned example: its window, the windows before, the judged answer."""
-        e = self.entries[i]
-        rep = e["label"] == "replace"
-        budget, evict = e["best"].split("_") if rep else ("small", "stale")
-        return {"window": e["window"], "recent": e["recent"],
-                "answer": {"reason": pool_reason(e["window"], rep), "replace": rep, "budget": budget,
-                           "evict": evict, "expected": ({"hit_rate": "up", "remote_rows": "down"} if rep
-                                                        else {"hit_rate": "flat", "remote_rows": "flat"})}}
-
-
-@lru_cache(maxsize=1)
-def example_pool() -> ExamplePool:
-    """The shipped pool (POOL_FILE), read once per process."""
-    lines = POOL_FILE.read_text().splitlines()
-    entries = [json.loads(x) for x in lines if x.strip()]
-    digests = {e["trace_digest"] for e in entries}
-    if digests != {POOL_DIGEST}:
-        raise ValueError(f"{POOL_FILE}: trace digests {sorted(digests)}, expected only {POOL_DIGEST}")
-    return ExamplePool(entries)
-
-
-@lru_cache(maxsize=1)
-def pool_design() -> dict[str, Any]:
-    """What the retrieved examples depend on, for the prompt design's hash."""
-    return {"pool": hashlib.sha256(POOL_FILE.read_bytes()).hexdigest()[:16], "k": RETRIEVE_K,
-            "features": list(FEATURES), "scale": FEATURE_SCALE.tolist(), "clip": list(SAVING_CLIP)}
-
-
-def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int = 0,
-                   lookahead: bool = True) -> dict[str, Any]:
-    """The judge variant's signals of window `w` (recent: earlier windows, oldest first, as dicts
-    or hit rates), as numbers (None where the window does not tell):
-      hit_rate, hit_rates (the last TREND_WINDOWS, current last), trend_windows,
-      hit_trend_pt   least-squares slope of those hit rates, points per window
-      stale_share    stale slots / capacity
-      fetch_s, compute_s, slack_s, slack_share
-                     mean seconds per minibatch of the pull (t_fetch) and of the rest
-                     (t_minibatch - t_fetch: compute and sampling); slack = compute - fetch
-                     (< 0: saturated), slack_share = slack / compute
-      missing_share  lookahead_missing / capacity (lookahead on)
-      drift_pt       missing_share minus the window before's, points of capacity
-      fetched_mb     fetched rows per minibatch (misses + rows admitted)
-      rows_trend_pct least-squares slope of fetched rows per minibatch over the same windows as
-                     the hit-rate trend, % of their mean per window (the miss volume's trend)
-      remote_mb, remote_drift_pct
-                     remote input rows per minibatch, and its change since the window before in %
-                     (the stream's drift where nothing is sampled ahead: a new region of the graph
-                     shows as more or fewer remote rows before any hit rate moves)
-      round_rows     {budget word: the rows one round may pull}, and round_mb: the same in
-                     minibatches' worth of this window's fetched rows -- what a round costs where
-                     its rows are extra network rows (lookahead off); None with lookahead on
-      missed_nodes, miss_again_share, miss_overlap
-                     the misses' node sets (HaloBuffer.roll_misses): distinct halo nodes missed in
-                     the window, the share of them missed in the window before too, and the
-                     Jaccard overlap of the two windows' missed sets (None without a window
-                     before, or where the window record does not carry them)."""
-    cap = max(1, capacity)
-    recent = list(recent)
-    rates = [r.get("hit_rate") if isinstance(r, dict) else r for r in recent]
-    hr = w.get("hit_rate")
-    hist = [x for x in rates if x is not None][-(TREND_WINDOWS - 1):]
-    trend = None
-    series = hist + ([hr] if hr is not None else [])
-    if hr is not None and hist:
-        trend = 100 * _slope(series)
-    fetch, mb = w.get("t_fetch"), w.get("t_minibatch")
-    fetch_s = compute_s = slack_s = slack_share = None
-    if fetch is not None and mb:  # a replay without a time model records no times (0)
-        fetch_s, compute_s = float(fetch), float(mb) - float(fetch)
-        slack_s = compute_s - fetch_s
-        slack_share = slack_s / compute_s if compute_s > 0 else None
-    missing = w.get("lookahead_missing") if lookahead else None
-    missing_share = None if missing is None else missing / cap
-    windows = [r for r in recent if isinstance(r, dict)]  # those that carry more than a hit rate
-    last = windows[-1] if windows else {}  # the window before
-    before = last.get("lookahead_missing")
-    drift = None if missing_share is None or before is None else 100 * (missing_share - before / cap)
-    stale = w.get("stale_slots")
-    # rows: per minibatch, over the windows of the hit-rate trend (those that carry rows)
-    fetched_mb, remote_mb = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
-    rows_series = [per_minibatch(r, "fetched_rows") for r in windows]
-    rows_series = [x for x in rows_series if x is not None][-(TREND_WINDOWS - 1):]
-    rows_trend = None
-    if fetched_mb is not None and rows_series:
-        ys = rows_series + [fetched_mb]
-        mean = sum(ys) / len(ys)
-        rows_trend = 100 * _slope(ys) / mean if mean > 0 else None
-    remote_before = per_minibatch(last, "remote_rows")
-    remote_drift = (100 * (remote_mb / remote_before - 1)
-                    if remote_mb is not None and remote_before else None)
-    round_rows = round_mb = None
-    if not lookahead and capacity > 0:
-        round_rows = {b: budget_rows(b, capacity) for b in BUDGET_SHARE}
-        if fetched_mb:
-            round_mb = {b: r / fetched_mb for b, r in round_rows.items()}
-    missed, again, union = (w.get(k) for k in ("missed_nodes", "missed_again", "missed_union"))
-    miss_again = miss_overlap = None
-    if last and missed and union:  # a window before, and sets recorded (0 union: none missed)
-        miss_again, miss_overlap = again / missed, again / union
-    return {"hit_rate": hr, "hit_rates": series if hr is not None else [], "trend_windows": len(series),
-            "hit_trend_pt": trend, "stale_share": None if stale is None else stale / cap,
-            "fetch_s": fetch_s, "compute_s": compute_s, "slack_s": slack_s, "slack_share": slack_share,
-            "missing_share": missing_share, "drift_pt": drift,
-            "fetched_mb": fetched_mb, "rows_trend_pct": rows_trend, "remote_mb": remote_mb,
-            "remote_drift_pct": remote_drift, "round_rows": round_rows, "round_mb": round_mb,
-            "missed_nodes": missed or None, "miss_again_share": miss_again, "miss_overlap": miss_overlap}
-
-
-def _slope(ys: list[float]) -> float:
-    """Least-squares slope of ys against 0, 1, 2, ... (per step)."""
-    n = len(ys)
-    xm, ym = (n - 1) / 2, sum(ys) / n
-    return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
-
-
-def trend_word(delta: float) -> str:
-    """The hit-rate trend as prompts say it: rising / falling / steady (|delta| < HIT_TOL)."""
-    return {"up": "rising", "down": "falling", "flat": "steady"}[direction(delta, HIT_TOL)]
-
-
-def evidence(w: dict, prev: list[float | dict] | tuple = (), capacity: int = 0, lookahead: bool = True) -> str:
-    """The reason an answer should start with: hit-rate trend, stale share, missing share.
-    Small models copy the form of the examples' reasons; this form makes them copy the evidence
-    of the current window (and then decide on it) rather than an example's conclusion."""
-    cap = max(1, capacity)
-    prev = [p.get("hit_rate") if isinstance(p, dict) else p for p in prev]
-    prev = [p for p in prev if p is not None]
-    parts = []
-    hr = w.get("hit_rate")
-    if hr is not None and prev:
-        parts.append("hit rate " + trend_word(hr - prev[-1]))
-    elif hr is not None:
-        parts.append(f"hit rate {100 * hr:.0f}%")
-    # the deciding facts last, right before the conclusion: the mechanism, then how much is missing
-    parts.append("lookahead on" if lookahead else "lookahead off")
-    if lookahead and w.get("lookahead_missing") is not None:
-        parts.append(f"{missing_word(w['lookahead_missing'], cap)} missing ahead")
-    return ", ".join(parts)
-
-
-def missing_word(missing: float, capacity: int) -> str:
-    """'much' when the next minibatches lack at least LOOKAHEAD_SMALL of capacity, else 'little'."""
-    return "much" if missing >= LOOKAHEAD_SMALL * max(1, capacity) else "little"
-
-
 class ContextBuilder:
     """Builds the prompt for one decision. Holds only the run's static facts and the variant."""
 
@@ -903,7 +493,7 @@ class ContextBuilder:
         return RUN_TEMPLATE.format(
             num_nodes=c.num_nodes, num_parts=c.num_parts, rank=c.rank, num_trainers=c.num_trainers,
             part_id=c.part_id, partition_nodes=c.partition_nodes, halo_nodes=c.halo_nodes,
-            capacity=c.capacity, cap_share=_pct(c.capacity / c.halo_nodes, 0) if c.halo_nodes else "n/a",
+            capacity=c.capacity, cap_share=pct_text(c.capacity / c.halo_nodes, 0) if c.halo_nodes else "n/a",
             batch_size=c.batch_size, fanouts=",".join(map(str, c.fanouts)) or "n/a",
             steps_per_epoch=c.steps_per_epoch, epochs=c.epochs, window=c.window, lookahead_text=la,
             small=budget_rows("small", c.capacity), medium=budget_rows("medium", c.capacity),
@@ -929,16 +519,16 @@ class ContextBuilder:
             if total:
                 head += f" ({last + 1} of {total} done)"
         lines = [head]
-        hr_line = f"hit_rate {_pct(hr)}"
+        hr_line = f"hit_rate {pct_text(hr)}"
         if prev and hr is not None:
             d = hr - prev[-1]
-            hr_line += f", {trend_word(d)} ({100 * d:+.1f} pt); earlier: " + ", ".join(_pct(p) for p in prev[-3:])
+            hr_line += f", {trend_word(d)} ({100 * d:+.1f} pt); earlier: " + ", ".join(pct_text(p) for p in prev[-3:])
         elif hr is not None:  # said outright: left unsaid, Qwen-0.5B wrote a trend of its own and kept
             hr_line += " (first window: no trend yet)"
         lines.append(hr_line)
         fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
-        lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "
-                     f"replaced rows in window {_num(w.get('replaced_rows'))}")
+        lines.append(f"fetched rows per minibatch {num_text(fetched)} of {num_text(remote)} remote input rows; "
+                     f"replaced rows in window {num_text(w.get('replaced_rows'))}")
         lines += self._buffer_lines(w)
         if self.variant.signals:
             lines.append("signals: " + self._signals(w, prev))
@@ -950,12 +540,12 @@ class ContextBuilder:
         stale = w.get("stale_slots")
         fill = w.get("buffer_fill")
         fill_share = None if fill is None else (fill if fill <= 1 else fill / cap)
-        lines = [f"stale slots {_num(stale)} of {cap:,} ({_pct(None if stale is None else stale / cap, 0)}); "
-                 f"buffer fill {_pct(fill_share, 0)}"]
+        lines = [f"stale slots {num_text(stale)} of {cap:,} ({pct_text(None if stale is None else stale / cap, 0)}); "
+                 f"buffer fill {pct_text(fill_share, 0)}"]
         if self.ctx.depth > 0:
             miss = w.get("lookahead_missing")
             word = "" if miss is None else f": {missing_word(miss, cap)}"
-            lines.append(f"lookahead missing {_num(miss)} nodes ({_pct(None if miss is None else miss / cap, 0)} of capacity{word})")
+            lines.append(f"lookahead missing {num_text(miss)} nodes ({pct_text(None if miss is None else miss / cap, 0)} of capacity{word})")
         return lines
 
     def _render_start(self, w: dict) -> str:
@@ -979,16 +569,16 @@ class ContextBuilder:
             if first is not None and last is not None:
                 head += f": minibatches {first}-{last}" + (f" ({last + 1} of {total} done)" if total else "")
             lines.append(head)
-            hr = f"hit rate {_pct(sig['hit_rate'])}"
+            hr = f"hit rate {pct_text(sig['hit_rate'])}"
             if sig["hit_trend_pt"] is not None:
                 hr += (f"; trend {sig['hit_trend_pt']:+.1f} pt per window over the last {sig['trend_windows']} "
-                       "windows (" + ", ".join(_pct(h) for h in sig["hit_rates"]) + ")")
+                       "windows (" + ", ".join(pct_text(h) for h in sig["hit_rates"]) + ")")
             else:
                 hr += "; no earlier window"
             lines.append(hr)
             fetched, remote = per_minibatch(w, "fetched_rows"), per_minibatch(w, "remote_rows")
-            lines.append(f"fetched rows per minibatch {_num(fetched)} of {_num(remote)} remote input rows; "
-                         f"replaced rows in window {_num(w.get('replaced_rows'))}")
+            lines.append(f"fetched rows per minibatch {num_text(fetched)} of {num_text(remote)} remote input rows; "
+                         f"replaced rows in window {num_text(w.get('replaced_rows'))}")
             moves = []
             if sig["rows_trend_pct"] is not None:
                 moves.append(f"fetched rows trend {sig['rows_trend_pct']:+.1f}% per window")
@@ -997,12 +587,12 @@ class ContextBuilder:
             if moves:
                 lines.append("rows: " + "; ".join(moves))
             if self.history_only and sig["miss_overlap"] is not None:
-                lines.append(f"missed nodes {_num(sig['missed_nodes'])} distinct; "
-                             f"{_pct(sig['miss_again_share'], 0)} of them also missed in the window before; "
-                             f"overlap of the two windows' missed sets {_pct(sig['miss_overlap'], 0)}")
+                lines.append(f"missed nodes {num_text(sig['missed_nodes'])} distinct; "
+                             f"{pct_text(sig['miss_again_share'], 0)} of them also missed in the window before; "
+                             f"overlap of the two windows' missed sets {pct_text(sig['miss_overlap'], 0)}")
             if sig["round_rows"] is not None:
                 rr, mb = sig["round_rows"], sig["round_mb"]
-                cost = (f"a round pulls up to {' / '.join(f'{k} {_num(v)}' for k, v in rr.items())} extra rows")
+                cost = (f"a round pulls up to {' / '.join(f'{k} {num_text(v)}' for k, v in rr.items())} extra rows")
                 if mb is not None:
                     cost += (" = " + " / ".join(f"{v:.1f}" for v in mb.values())
                              + " minibatches of this window's fetched rows")
@@ -1011,13 +601,13 @@ class ContextBuilder:
                 if not self.history_only:  # (judge-history names no link signal)
                     lines.append("link: fetch and compute time not measured")
             else:
-                state = (f"slack {sig['slack_s']:.2f} s ({_pct(sig['slack_share'], 0)} of compute)"
+                state = (f"slack {sig['slack_s']:.2f} s ({pct_text(sig['slack_share'], 0)} of compute)"
                          if sig["slack_s"] >= 0 else f"fetch exceeds compute by {-sig['slack_s']:.2f} s")
                 lines.append(f"link: fetch {sig['fetch_s']:.2f} s per minibatch, compute {sig['compute_s']:.2f} s: {state}")
         if sig["stale_share"] is not None:
-            stale = f"stale slots {_num(w.get('stale_slots'))} of {cap:,} ({_pct(sig['stale_share'], 0)} of capacity)"
+            stale = f"stale slots {num_text(w.get('stale_slots'))} of {cap:,} ({pct_text(sig['stale_share'], 0)} of capacity)"
             if self.history_only and w.get("stale_half") is not None:  # what evict=half would free
-                stale += f"; at half the period {_num(w['stale_half'])} ({_pct(w['stale_half'] / cap, 0)})"
+                stale += f"; at half the period {num_text(w['stale_half'])} ({pct_text(w['stale_half'] / cap, 0)})"
             lines.append(stale)
         if self.past and w.get("window") != START_WINDOW:
             line = past_line(w)
@@ -1031,8 +621,8 @@ class ContextBuilder:
                 ahead = "the rest of the epoch lacks"
             else:
                 ahead = f"the next {n} minibatches (all sampled so far, on into the next epoch) lack"
-            s = (f"sampled ahead: {ahead} {_num(w.get('lookahead_missing'))} "
-                 f"nodes ({_pct(sig['missing_share'], 0)} of capacity)")
+            s = (f"sampled ahead: {ahead} {num_text(w.get('lookahead_missing'))} "
+                 f"nodes ({pct_text(sig['missing_share'], 0)} of capacity)")
             if sig["drift_pt"] is not None:
                 s += f"; drift {sig['drift_pt']:+.1f} pt of capacity since the window before"
             lines.append(s)
@@ -1256,6 +846,7 @@ def hindsight_example(h: HistoryEntry, capacity: int = 0, lookahead: bool = Fals
             "expected": {"hit_rate": h.outcome_hit_rate, "remote_rows": h.outcome_remote_rows or "flat"}}
 
 
-__all__ = ["ContextBuilder", "window_signals", "JUDGE_VARIANTS", "PAST_VARIANTS", "RETRIEVE_VARIANTS", "ExamplePool",
-           "example_pool", "pool_features", "pool_reason", "past_counterfactual", "past_line", "Prompt", "VARIANTS", "Variant", "get_variant", "direction", "HIT_TOL",
-           "ROWS_TOL", "BUDGET_SHARE", "hindsight_example", "per_minibatch", "as_context"]
+__all__ = ["ContextBuilder", "JUDGE_VARIANTS", "PAST_VARIANTS", "RETRIEVE_VARIANTS", "Prompt", "VARIANTS", "Variant",
+           "get_variant", "hindsight_example", "as_context",
+           # re-exported: the tolerances and budget shares prompts and the eval share
+           "direction", "HIT_TOL", "ROWS_TOL", "BUDGET_SHARE"]

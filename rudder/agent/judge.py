@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rudder.agent.context import per_minibatch
+from rudder.agent.signals import per_minibatch
 from rudder.records import outcome_fields
 
 if TYPE_CHECKING:

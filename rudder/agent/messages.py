@@ -98,7 +98,7 @@ class Answer(BaseModel):
         return self
 
 
-# The evidence form the examples' reasons take (rudder.agent.context.evidence), as a pattern:
+# The evidence form the examples' reasons take (rudder.agent.signals.evidence), as a pattern:
 # the hit-rate trend (or level in a first window), the mechanism, how much is missing ahead.
 EVIDENCE_TREND = "(hit rate (rising|steady|falling|[0-9]{1,3}%), )?"
 EVIDENCE_LOOKAHEAD = "lookahead (on(, (much|little) missing ahead)?|off)"
