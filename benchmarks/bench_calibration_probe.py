@@ -1,0 +1,133 @@
+"""Issue 18, must-have 5: does the default model's replace/keep preference read the window once the
+examples' bias is taken out? Contextual calibration (Zhao et al. 2021, "Calibrate before use"),
+measured on the held-out decision suite.
+
+  python benchmarks/bench_calibration_probe.py --windows benchmarks/results/cf_suite_past/heldout-synth-medium.jsonl
+         [--model smollm2-135m] [--orders 0,1,2,3 1,0,3,2] [--formats decision-first reason-first] --json OUT
+
+For each labelled window: judge-history-2b's prompt (its four canned examples in each --orders
+order, as bench_cf_suite_past's --canned-order), the answer forced to start `{"replace":`, and the
+model's logit margin of `true` over `false` at the next token -- once for the window and once for
+its content-free twin (every number of the question replaced by "n/a"). decision-first: the
+examples and the system's answer format put "replace" first (the reason last), so the margin is
+read where the examples' answers decide; reason-first: the prompt as shipped (the model would write
+its reason first; the forced key skips it). Per order and format: the accuracy of the raw margin
+(> 0: replace), calibrated per window (margin - its twin's), calibrated by the mean twin margin
+(one offset, as in the paper), the best single threshold in hindsight (an upper bound on any
+one-offset calibration), and the margin's AUC against the labels. In process, 1 thread; the
+prompt's hash changes with the order and format (an experiment, not a shipped prompt).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+NUMBER = re.compile(r"-?\d[\d,]*(\.\d+)?%?")
+DECISION_FIRST_ANSWER = (
+    '{"replace": true|false, "budget": "small"|"medium"|"large", "evict": "stale"|"half", '
+    '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}, '
+    '"reason": "<the signals you weigh>"}')
+
+
+def auc(margins: np.ndarray, labels: np.ndarray) -> float:
+    """P(a replace window's margin > a keep window's), ties half."""
+    pos, neg = margins[labels], margins[~labels]
+    if not len(pos) or not len(neg):
+        return float("nan")
+    return float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
+
+
+def summarise(m: np.ndarray, m_cf: np.ndarray, labels: np.ndarray) -> dict:
+    cuts = np.r_[m - 1e-6, m + 1e-6]
+    return {"n": int(len(m)), "replace_share_raw": float((m > 0).mean()),
+            "accuracy_raw": float(((m > 0) == labels).mean()),
+            "accuracy_calibrated_per_window": float((((m - m_cf) > 0) == labels).mean()),
+            "accuracy_calibrated_mean": float((((m - m_cf.mean()) > 0) == labels).mean()),
+            "accuracy_best_threshold": float(max(((m > t) == labels).mean() for t in cuts)),
+            "auc": auc(m, labels), "auc_calibrated": auc(m - m_cf, labels)}
+
+
+class Probe:
+    """The model's logit margin of `true` over `false` after `{"replace":`."""
+
+    def __init__(self, model: str):
+        from rudder.agent.choice import ChoiceDecoder
+        from rudder.agent.decision import InprocBackend
+        from rudder.agent.models import resolve
+
+        self.backend = InprocBackend(resolve(model), threads=1)
+        self.llm = self.backend.llm
+        self.decoder = ChoiceDecoder(self.llm)
+        yes = self.llm.tokenize(b'{"replace": true', add_bos=False, special=False)
+        no = self.llm.tokenize(b'{"replace": false', add_bos=False, special=False)
+        k = next(i for i in range(min(len(yes), len(no))) if yes[i] != no[i])
+        self.prefix, self.yes, self.no = yes[:k], yes[k], no[k]
+
+    def margin(self, messages: list[dict]) -> float:
+        self.decoder.read(self.decoder.prompt_tokens(messages) + self.prefix)
+        logits = self.decoder._logits()
+        return float(logits[self.yes] - logits[self.no])
+
+
+def probe_order(probe: Probe, windows: list[dict], order: list[int], decision_first: bool) -> list[dict]:
+    from rudder.agent import context
+    from rudder.agent.history_examples import PAST_CANNED
+
+    shipped_examples, shipped_variant = list(PAST_CANNED), context.VARIANTS["judge-history-2b"]
+    PAST_CANNED[:] = [shipped_examples[i] for i in order]
+    context.VARIANTS["judge-history-2b"] = dataclasses.replace(shipped_variant, reason_first=not decision_first)
+    try:
+        rows = []
+        for rec in windows:
+            prompt = context.ContextBuilder(rec["context"], "judge-history-2b", 4).build(
+                rec["window"], [], rec.get("recent") or [])
+            msgs = [dict(m) for m in prompt.messages]
+            if decision_first:
+                assert context.JUDGE_HISTORY_ANSWER in msgs[0]["content"]
+                msgs[0]["content"] = msgs[0]["content"].replace(context.JUDGE_HISTORY_ANSWER, DECISION_FIRST_ANSWER)
+            twin = [*msgs[:-1], {**msgs[-1], "content": NUMBER.sub("n/a", msgs[-1]["content"])}]
+            rows.append({"source": rec["source"], "label": bool(rec["label_replace"]),
+                         "margin": probe.margin(msgs), "margin_content_free": probe.margin(twin)})
+        return rows
+    finally:
+        PAST_CANNED[:] = shipped_examples
+        context.VARIANTS["judge-history-2b"] = shipped_variant
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--windows", required=True, help="labelled windows (bench_cf_suite_past's heldout-G.jsonl)")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--orders", nargs="+", default=["0,1,2,3", "1,0,3,2"],
+                    help="judge-history-2b's canned examples in these orders (0 keep, 1 replace, 2 keep, 3 replace)")
+    ap.add_argument("--formats", nargs="+", choices=["decision-first", "reason-first"], default=["decision-first"])
+    ap.add_argument("--json", required=True, help="results, rewritten after each order x format")
+    args = ap.parse_args()
+    windows = [json.loads(x) for x in Path(args.windows).read_text().splitlines() if x.strip()]
+    probe = Probe(args.model)
+    out: dict[str, dict] = {}
+    for order in args.orders:
+        idx = [int(i) for i in order.split(",")]
+        for fmt in args.formats:
+            t0 = time.time()
+            rows = probe_order(probe, windows, idx, fmt == "decision-first")
+            labels = np.array([r["label"] for r in rows])
+            s = summarise(np.array([r["margin"] for r in rows]), np.array([r["margin_content_free"] for r in rows]),
+                          labels)
+            out[f"{order} {fmt}"] = {**s, "seconds": time.time() - t0, "rows": rows}
+            print(f"order {order} {fmt}: " + ", ".join(f"{k} {v:.2f}" for k, v in s.items() if k != "n")
+                  + f" ({s['n']} windows, {time.time() - t0:.0f} s)", flush=True)
+            Path(args.json).write_text(json.dumps({"model": args.model, "windows": args.windows, **out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
