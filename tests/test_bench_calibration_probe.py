@@ -34,6 +34,44 @@ def test_auc_and_accuracies():
     assert np.isnan(probe_bench.auc(m, np.ones(4, bool)))
 
 
+def test_batch_calibration_needs_no_twin():
+    labels = np.array([True, True, False, False])
+    m = np.array([-0.5, -0.6, -0.7, -0.9])
+    s = probe_bench.summarise(m, None, labels)
+    assert np.isnan(s["accuracy_calibrated_per_window"]) and np.isnan(s["auc_calibrated"])
+    assert s["accuracy_batch_calibrated"] == 1.0  # the batch's mean margin, -0.675, splits them
+    assert probe_bench.online_offsets(np.array([1.0, 3.0, 5.0])).tolist() == [0.0, 1.0, 2.0]
+    # online: each window against the mean of those before it, over shuffles, so never above the batch's
+    assert 0.0 <= s["accuracy_batch_online"] <= 1.0
+    assert probe_bench.summarise(m, None, labels)["accuracy_batch_online"] == s["accuracy_batch_online"]  # seeded
+
+
+def _run(margins, labels, sources=None):
+    sources = sources or [f"w{i}" for i in range(len(margins))]
+    return {"rows": [{"source": s, "label": bool(y), "margin": float(x), "margin_content_free": None}
+                     for s, x, y in zip(sources, margins, labels)]}
+
+
+def test_the_order_ensemble_cancels_opposite_offsets(tmp_path, capsys, monkeypatch):
+    labels = [True, False, True, False]
+    x = np.array([0.4, -0.3, 0.2, -0.5])  # what the window says
+    runs = {"a": _run(x + 2.0, labels), "b": _run(x - 2.0, labels)}  # one order says replace, the other keep
+    out = probe_bench.summarise_runs(runs)
+    assert out["a"]["accuracy_raw"] == 0.5 and out["b"]["accuracy_raw"] == 0.5
+    assert out["ensemble"]["of"] == ["a", "b"] and out["ensemble"]["accuracy_raw"] == 1.0
+    assert "ensemble" not in probe_bench.summarise_runs({"a": runs["a"]})
+    with pytest.raises(SystemExit, match="different windows"):
+        probe_bench.summarise_runs({"a": runs["a"], "c": _run(x, labels, ["v0", "v1", "v2", "v3"])})
+    # --resummarise recomputes a file's summaries from its margins alone, with no model
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"model": "m", "windows": "w", **runs}))
+    monkeypatch.setattr(sys, "argv", ["bench_calibration_probe.py", "--resummarise", str(f)])
+    probe_bench.main()
+    data = json.loads(f.read_text())
+    assert data["ensemble"]["auc"] == 1.0 and data["a"]["replace_share_raw"] == 1.0 and data["model"] == "m"
+    assert "ensemble: " in capsys.readouterr().out
+
+
 def test_the_content_free_twin_masks_every_number():
     text = "hit rate 21.4% (trend -0.3 points), fetched 7,354 rows per minibatch, window 12"
     masked = probe_bench.NUMBER.sub("n/a", text)
