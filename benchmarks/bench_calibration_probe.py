@@ -138,8 +138,10 @@ def probe_order(probe: Probe, windows: list[dict], order: list[int], decision_fi
     try:
         reorder_canned(order)  # checks the order names distinct examples
         context.VARIANTS["judge-history-2b"] = dataclasses.replace(shipped_variant, reason_first=not decision_first)
-        rows = []
-        for rec in windows:
+        rows, t0 = [], time.time()
+        for i, rec in enumerate(windows):
+            if i and i % 10 == 0:
+                print(f"  {i}/{len(windows)} windows, {(time.time() - t0) / i:.1f} s each", file=sys.stderr, flush=True)
             prompt = context.ContextBuilder(rec["context"], "judge-history-2b", 4).build(
                 rec["window"], [], rec.get("recent") or [])
             msgs = [dict(m) for m in prompt.messages]
