@@ -155,6 +155,10 @@ def test_scenario_configs_load():
     assert cfgs["stationary"].prefetch.lookahead > 0 and cfgs["stationary"].train.order == "shuffle"
     assert cfgs["history_only"].prefetch.lookahead == 0
     assert cfgs["ring_cluster"].train.order == "cluster"
+    # history_cold_bench's stream with cluster-ordered seeds: only the order differs (BENCHMARKS 7y)
+    bench, clustered = cfgs["history_cold_bench"], cfgs["history_cold_bench_cluster"]
+    assert clustered.train.order == "cluster" and bench.train.order == "shuffle"
+    assert (clustered.dataset, clustered.prefetch, clustered.cluster) == (bench.dataset, bench.prefetch, bench.cluster)
     # history only from a cold (random) fill: the scenario whose counterfactual labels mix (7f)
     cold = cfgs["history_cold"]
     assert (cold.prefetch.lookahead, cold.prefetch.init, cold.agent.prompt) == (0, "random", "judge-history")
