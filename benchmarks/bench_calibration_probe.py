@@ -52,13 +52,12 @@ def auc(margins: np.ndarray, labels: np.ndarray) -> float:
     """P(a replace window's margin > a keep window's), ties half; nan with one label only."""
     from sklearn.metrics import roc_auc_score
 
-    return float(roc_auc_score(labels, margins)) if len(set(labels.tolist())) == 2 else float("nan")
+    return float(roc_auc_score(labels, margins)) if len(set(labels.tolist())) == 2 else nan
 
 
 def online_offsets(m: np.ndarray) -> np.ndarray:
     """Each window's offset: the mean margin of the windows before it (0 for the first)."""
-    before = np.r_[0.0, np.cumsum(m)[:-1]]
-    return np.where(np.arange(len(m)) > 0, before / np.maximum(np.arange(len(m)), 1), 0.0)
+    return np.r_[0.0, np.cumsum(m)[:-1]] / np.maximum(np.arange(len(m)), 1)
 
 
 def online_accuracy(m: np.ndarray, labels: np.ndarray, shuffles: int = 200) -> float:
@@ -73,16 +72,21 @@ def online_accuracy(m: np.ndarray, labels: np.ndarray, shuffles: int = 200) -> f
 
 
 def summarise(m: np.ndarray, m_cf: np.ndarray | None, labels: np.ndarray) -> dict:
+    """The accuracies and AUCs of one order's margins; the twin-calibrated ones nan without twins."""
     cuts = np.r_[m - 1e-6, m + 1e-6]
-    twin = np.full(len(m), np.nan) if m_cf is None else m_cf
+    twin = {"accuracy_calibrated_per_window": nan, "accuracy_calibrated_mean": nan, "auc_calibrated": nan}
+    if m_cf is not None:
+        twin = {"accuracy_calibrated_per_window": float((((m - m_cf) > 0) == labels).mean()),
+                "accuracy_calibrated_mean": float((((m - m_cf.mean()) > 0) == labels).mean()),
+                "auc_calibrated": auc(m - m_cf, labels)}
     return {"n": int(len(m)), "replace_share_raw": float((m > 0).mean()),
             "accuracy_raw": float(((m > 0) == labels).mean()),
-            "accuracy_calibrated_per_window": float((((m - twin) > 0) == labels).mean()) if m_cf is not None else nan,
-            "accuracy_calibrated_mean": float((((m - twin.mean()) > 0) == labels).mean()) if m_cf is not None else nan,
+            "accuracy_calibrated_per_window": twin["accuracy_calibrated_per_window"],
+            "accuracy_calibrated_mean": twin["accuracy_calibrated_mean"],
             "accuracy_batch_calibrated": float((((m - m.mean()) > 0) == labels).mean()),
             "accuracy_batch_online": online_accuracy(m, labels),
             "accuracy_best_threshold": float(max(((m > t) == labels).mean() for t in cuts)),
-            "auc": auc(m, labels), "auc_calibrated": auc(m - twin, labels) if m_cf is not None else nan}
+            "auc": auc(m, labels), "auc_calibrated": twin["auc_calibrated"]}
 
 
 def summarise_runs(runs: dict[str, dict]) -> dict[str, dict]:
