@@ -127,7 +127,7 @@ class Probe:
 
     def margin(self, messages: list[dict]) -> float:
         self.decoder.read(self.decoder.prompt_tokens(messages) + self.prefix)
-        logits = self.decoder._logits()
+        logits = self.decoder.logits()
         return float(logits[self.yes] - logits[self.no])
 
 

@@ -382,7 +382,8 @@ class ChoiceDecoder:
         res = self.formatter(messages=messages)
         return self.llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
 
-    def _logits(self) -> np.ndarray:
+    def logits(self) -> np.ndarray:
+        """The next token's logits after the last `read` (a view into llama.cpp's buffer)."""
         llm = self.llm
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 
@@ -439,7 +440,7 @@ class ChoiceDecoder:
             if not len(ids):  # cannot happen for a template built from printable text
                 finish = "no-token"
                 break
-            k = int(np.argmax(self._logits()[ids]))
+            k = int(np.argmax(self.logits()[ids]))
             tok = int(ids[k])
             out.append(vocab.text[tok])
             s = nexts[k]
