@@ -94,6 +94,7 @@ def suite_windows(trace, pc, ctx: dict, scenario: str, graph: str, coins=COINS, 
 
 def build(scenarios, trace_dir: Path, coins, seeds, p: float, horizon: int) -> list[dict]:
     from rudder.config import load_run_config
+    from rudder.sim.tracegen import is_current
     from rudder.trace import Trace
 
     recs = []
@@ -101,6 +102,9 @@ def build(scenarios, trace_dir: Path, coins, seeds, p: float, horizon: int) -> l
         pc = load_run_config(ROOT / "configs" / "scenarios" / f"{name}.yaml").prefetch
         tdir = trace_dir / name
         trace = Trace.load(tdir / "trace-r0.npz")
+        if not is_current(tdir):  # made before tracegen was seeded: a rebuild elsewhere differs
+            print(f"# warning: {tdir} was not written by this tracegen (no reproducible digest); "
+                  f"`bench_baselines.py` makes it again", flush=True)
         meta = json.loads((tdir / "trace.json").read_text()) if (tdir / "trace.json").exists() else {}
         graph = (meta.get("graph") or {}).get("dataset") or (meta.get("spec") or {}).get("graph") or name
         t0 = time.time()
