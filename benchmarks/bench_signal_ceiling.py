@@ -12,8 +12,8 @@ the no-model deciders of bench_cf_suite_past (follow the past counterfactual; th
 window's answer, which a model that copies its last example is). Also per file, leave-one-out
 within it (train and test on one graph: an optimistic figure, not held out). Accuracy against the
 counterfactual label, and counterfactual Pass@1 of the answer with the round the past
-counterfactual found best (as follow-the-past answers). Features: SIGNALS below, each computed
-by rudder.agent.signals as the prompts compute them; no label or future field is read.
+counterfactual found best (as follow-the-past answers). Features: rudder.agent.signals'
+SIGNAL_FEATURES, computed as the prompts compute them; no label or future field is read.
 """
 from __future__ import annotations
 
@@ -27,27 +27,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# what the judge-history prompts show, as numbers (rudder.agent.signals)
-SIGNALS = ["past small/stale", "past medium/stale", "past large/stale", "past small/half",
-           "past medium/half", "past large/half", "past best", "hit rate", "hit trend pt",
-           "stale share", "stale-at-half share", "miss again share", "miss overlap",
-           "remote drift pct", "rows trend pct"]
-
 
 def features(rec: dict) -> np.ndarray:
-    """SIGNALS of one labelled window (a missing signal is 0, as the pool's retrieval reads it)."""
-    from rudder.agent.signals import past_counterfactual, window_signals
+    """SIGNAL_FEATURES of one labelled window (rudder.agent.signals.signal_features)."""
+    from rudder.agent.signals import SIGNAL_FEATURES, signal_features
 
-    w, cap = rec["window"], int(rec["context"]["capacity"])
-    s = window_signals(w, rec.get("recent") or [], cap, lookahead=False)
-    pc = past_counterfactual(w) or {}
-    past = [pc.get(k, 0.0) for k in ("small/stale", "medium/stale", "large/stale", "small/half",
-                                     "medium/half", "large/half")]
-    half = w.get("stale_half")
-    x = [*past, min(past), s["hit_rate"], s["hit_trend_pt"], s["stale_share"],
-         None if half is None else half / max(1, cap), s["miss_again_share"], s["miss_overlap"],
-         s["remote_drift_pct"], s["rows_trend_pct"]]
-    return np.asarray([0.0 if v is None else float(v) for v in x])
+    f = signal_features(rec["window"], rec.get("recent") or [], int(rec["context"]["capacity"]))
+    return np.asarray([f[n] for n in SIGNAL_FEATURES])
 
 
 def load_set(name: str) -> list[dict]:
@@ -145,6 +131,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     from rudder.agent.eval import load_windows
+    from rudder.agent.signals import SIGNAL_FEATURES
 
     test = load_windows(a.test)
     trains = {t if t == "pool" else Path(t).name: load_set(t) for t in a.train}
@@ -155,7 +142,7 @@ def main() -> None:
     if loo:
         print("\nwithin one file (not held out):\n" + table(loo))
     if a.json:
-        a.json.write_text(json.dumps({"test": a.test, "train": a.train, "features": SIGNALS,
+        a.json.write_text(json.dumps({"test": a.test, "train": a.train, "features": SIGNAL_FEATURES,
                                       "held_out": rows, "leave_one_out": loo}, indent=1))
 
 

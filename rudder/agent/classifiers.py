@@ -24,11 +24,14 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rudder.agent.signals import SIGNAL_FEATURES, TREND_WINDOWS, signal_features
 from rudder.agent.steering import Steering
+from rudder.agent.windows import DecisionPoint
 from rudder.agent.trajectories import (
     FEATURE_NAMES,
     FeatureDecider,
@@ -118,6 +121,26 @@ def cross_validate(kind: str, data: TrajectorySet, folds: int = 5, seed: int = 0
     return [float(s) for s in cross_val_score(make_estimator(kind, seed), data.X, data.y, cv=cv)]
 
 
+def windows_dataset(paths: list[str | Path]) -> TrajectorySet:
+    """Labelled windows (`rudder agent eval --windows` files; the counterfactual decision suite,
+    benchmarks/bench_cf_suite_past.py) as a training set over SIGNAL_FEATURES, labelled by the
+    counterfactual (`label_replace`)."""
+    import numpy as np
+
+    from rudder.agent.eval import load_windows
+
+    recs = load_windows([str(p) for p in paths])
+    if not recs:
+        raise ValueError(f"no labelled windows in {', '.join(map(str, paths))}")
+    feats = [signal_features(r["window"], r.get("recent") or [], int(r["context"].get("capacity") or 0))
+             for r in recs]
+    X = np.array([[f[n] for n in SIGNAL_FEATURES] for f in feats])
+    y = np.array([int(bool(r["label_replace"])) for r in recs])
+    records = [{"features": {**f, "batch_size": float(r["context"].get("batch_size") or 0)},
+                "dataset": r.get("graph")} for f, r in zip(feats, recs)]
+    return TrajectorySet(X, y, list(SIGNAL_FEATURES), records, [str(p) for p in paths])
+
+
 def train_models(
     data: TrajectorySet,
     out_dir: str | Path,
@@ -128,6 +151,7 @@ def train_models(
     rule: LabelRule | None = None,
     runs: list[str] | None = None,
     actions: str = "all",
+    labels: str = "as collected",
 ) -> dict[str, dict]:
     """Fits each kind on all of `data` and saves it; returns {kind: metadata} (with cv scores).
     Raises ValueError when the labels hold one class only (nothing to learn)."""
@@ -159,7 +183,7 @@ def train_models(
             "samples": int(len(data)),
             "positives": int(counts[1]),
             "majority_baseline": float(counts.max() / counts.sum()),
-            "label_rule": asdict(rule) if rule else "as collected",
+            "label_rule": asdict(rule) if rule else labels,
             "actions": actions,
             "datasets": sorted({str(r.get("dataset")) for r in recs}),
             "batch_sizes": sorted({float(r["features"].get("batch_size", 0)) for r in recs}),
@@ -314,7 +338,9 @@ def evaluate(model: SavedClassifier, data: TrajectorySet) -> dict:
 
 
 class ClassifierDecider(FeatureDecider):
-    """An offline-trained model answers from the window's feature vector."""
+    """An offline-trained model answers from the window's feature vector. A model trained on
+    labelled windows (`--windows`) reads the prompts' signals (SIGNAL_FEATURES): its windows then
+    carry the past counterfactual, and the windows before each one give the trends."""
 
     backend = "sklearn"
 
@@ -326,6 +352,15 @@ class ClassifierDecider(FeatureDecider):
         self.model_label = f"{model.kind}@{model.digest}"
         if model.kind == "xgboost":
             self.backend = "xgboost"
+        self.wants_past = bool(set(model.feature_names) & set(SIGNAL_FEATURES))
+        self._recent: deque[dict] = deque(maxlen=TREND_WINDOWS - 1)  # the windows before, oldest first
+
+    def features(self, point: DecisionPoint) -> dict[str, float]:
+        feats = super().features(point)
+        if self.wants_past and point.raw.get("window", -1) >= 0:  # not the start decision
+            feats.update(signal_features(point.raw, list(self._recent), self.steer.ctx.capacity))
+            self._recent.append(point.raw)
+        return feats
 
     def choose(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
         t0 = time.perf_counter()

@@ -17,8 +17,13 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="classifiers_command", metavar="ACTION")
 
     t = sub.add_parser("train", help="fit the classifiers on collected trajectories")
-    t.add_argument("--runs", nargs="+", required=True, metavar="DIR",
-                   help="run directories (searched for trajectories-r*.jsonl) or files")
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--runs", nargs="+", metavar="DIR",
+                     help="run directories (searched for trajectories-r*.jsonl) or files")
+    src.add_argument("--windows", nargs="+", metavar="FILE",
+                     help="labelled-window files (the counterfactual decision suite, "
+                          "benchmarks/bench_cf_suite_past.py): learn the counterfactual label from "
+                          "the signals the judge-history prompts show (history-only runs)")
     t.add_argument("--out", default=None, metavar="DIR",
                    help="where the models go (default: $RUDDER_CLASSIFIERS_DIR or "
                         "models/classifiers)")
@@ -67,21 +72,29 @@ def _rule(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rudder.agent.classifiers import models_dir, train_models
+    from rudder.agent.classifiers import models_dir, train_models, windows_dataset
     from rudder.agent.trajectories import load_trajectories
 
     rule = _rule(args)
-    data = load_trajectories(args.runs, rule=rule, actions=args.actions)
+    if args.windows:
+        if rule is not None or args.actions != "all":
+            raise SystemExit("rudder classifiers train: --margin, --cost and --actions apply to "
+                             "--runs; labelled windows carry their counterfactual label")
+        data = windows_dataset(args.windows)
+    else:
+        data = load_trajectories(args.runs, rule=rule, actions=args.actions)
     kinds = [k.strip() for k in args.models.split(",") if k.strip()] if args.models else None
     out = models_dir(args.out)
-    results = train_models(data, out, kinds, folds=args.folds, seed=args.seed, rule=rule,
-                           runs=list(args.runs), actions=args.actions)
+    results = train_models(data, out, kinds, folds=args.folds, seed=args.seed,
+                           rule=rule, runs=list(args.runs or args.windows), actions=args.actions,
+                           labels="counterfactual (label_replace)" if args.windows else "as collected")
     if args.json:
         print(json.dumps({k: {f: m[f] for f in ("cv_accuracy", "samples", "path")}
                           for k, m in results.items()}, indent=2))
         return 0
     pos = int(data.y.sum())
-    print(f"{len(data)} trajectories ({pos} replace / {len(data) - pos} keep) "
+    what = "labelled windows" if args.windows else "trajectories"
+    print(f"{len(data)} {what} ({pos} replace / {len(data) - pos} keep) "
           f"from {len(data.sources)} file(s); models in {out}/")
     print("TabNet: skipped (pytorch-tabnet is not in the stack)")
     print(f"{'model':<14} {'cv accuracy':>12} {'folds':>6} {'majority':>9} {'train acc':>10}")

@@ -120,6 +120,29 @@ def window_signals(w: dict, recent: Iterable[float | dict] = (), capacity: int =
             "missed_nodes": missed or None, "miss_again_share": miss_again, "miss_overlap": miss_overlap}
 
 
+# window_signals and the past counterfactual as one flat feature vector: the numbers the
+# judge-history prompts show, for learners trained on counterfactual labels (classifiers trained
+# with `--windows`, benchmarks/bench_signal_ceiling.py). "sig_" keeps them apart from
+# rudder.agent.trajectories' FEATURE_NAMES, some of which share a word but not a meaning.
+SIGNAL_FEATURES = [*(f"sig_past_{b}_{e}" for b, e in PAST_ORDER), "sig_past_best", "sig_hit_rate",
+                   "sig_hit_trend_pt", "sig_stale_share", "sig_stale_half_share", "sig_miss_again_share",
+                   "sig_miss_overlap", "sig_remote_drift_pct", "sig_rows_trend_pct"]
+
+
+def signal_features(w: dict, recent: Iterable[dict] = (), capacity: int = 0) -> dict[str, float]:
+    """SIGNAL_FEATURES of a history-only window (`recent`: the windows before it, oldest first);
+    a signal the window does not tell is 0."""
+    cap = max(1, capacity)
+    s = window_signals(w, recent, capacity, lookahead=False)
+    pc = past_counterfactual(w) or {}
+    past = [pc.get(f"{b}/{e}", 0.0) for b, e in PAST_ORDER]
+    half = w.get("stale_half")
+    values = [*past, min(past), s["hit_rate"], s["hit_trend_pt"], s["stale_share"],
+              None if half is None else half / cap, s["miss_again_share"], s["miss_overlap"],
+              s["remote_drift_pct"], s["rows_trend_pct"]]
+    return {n: 0.0 if v is None else float(v) for n, v in zip(SIGNAL_FEATURES, values)}
+
+
 def _slope(ys: list[float]) -> float:
     """Least-squares slope of ys against 0, 1, 2, ... (per step)."""
     n = len(ys)

@@ -167,9 +167,13 @@ class FeatureDecider(Decider):
         super().setup(steer)
         self.dataset = context_dataset(steer.ctx, self.dataset_override)
 
+    def features(self, point: DecisionPoint) -> dict[str, float]:
+        """The window's feature vector (a subclass may add to it)."""
+        return build_features(self.steer.ctx, point.stats, point.prev, budget=self.steer.cfg.budget,
+                              dataset=self.dataset)
+
     def decide(self, point: DecisionPoint) -> Verdict:
-        feats = build_features(self.steer.ctx, point.stats, point.prev, budget=self.steer.cfg.budget,
-                               dataset=self.dataset)
+        feats = self.features(point)
         replace, info = self.choose(feats, point.stats)
         return self.verdict(point, replace, raw=info.get("raw"), reason=info.get("reason"),
                             latency_s=info.get("latency_s", 0.0), memo=feats)
