@@ -69,3 +69,19 @@ def test_a_windows_trained_model_steers_a_history_only_replay_from_its_windows(t
     assert all("past_keep_fetched" in w for w in wins)  # the model asked for the past counterfactual
     assert any(f["sig_past_best"] < 0 for f in seen)  # and some past round saved rows
     assert {d["policy"] for d in res.decisions} == {"classifier:rf"}
+    # its signals are a history-only window's: a run that samples ahead is refused, naming why,
+    # by the policy and before any cluster starts
+    with pytest.raises(ValueError, match="needs prefetch.lookahead: 0, got 3"):
+        C.ClassifierPolicy(PrefetchConfig(lookahead=3), "rf", models_dir=str(out))
+    from rudder.config import RunConfig
+    from rudder.runner import preflight
+
+    monkeypatch.setenv(C.MODELS_DIR_ENV, str(out))
+
+    def problems(lookahead: int) -> list[str]:
+        cfg = RunConfig.model_validate({"prefetch": {"policy": "classifier:random_forest", "lookahead": lookahead}})
+        return [p for p in preflight(cfg, probe=False) if p.startswith("prefetch.policy")]
+
+    assert problems(0) == []
+    assert problems(3) == [f"prefetch.policy: classifier:random_forest ({out / 'random_forest.joblib'}) learnt "
+                           "from history-only labelled windows (--windows): it needs prefetch.lookahead: 0, got 3"]

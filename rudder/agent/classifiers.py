@@ -31,7 +31,6 @@ from typing import Any
 
 from rudder.agent.signals import SIGNAL_FEATURES, TREND_WINDOWS, signal_features
 from rudder.agent.steering import Steering
-from rudder.agent.windows import DecisionPoint
 from rudder.agent.trajectories import (
     FEATURE_NAMES,
     FeatureDecider,
@@ -39,6 +38,7 @@ from rudder.agent.trajectories import (
     TrajectorySet,
     WindowStats,
 )
+from rudder.agent.windows import DecisionPoint
 from rudder.config import PrefetchConfig
 
 log = logging.getLogger(__name__)
@@ -262,6 +262,14 @@ def resolve_checked(name: str, directory: str | Path | None = None) -> Path:
     return path
 
 
+def check_lookahead(name: str, path: Path, feature_names: list[str], lookahead: int) -> None:
+    """A model that learnt from labelled windows (`--windows`) reads a history-only window's
+    signals, which a run that samples ahead does not have: refused, naming why."""
+    if set(feature_names) & set(SIGNAL_FEATURES) and lookahead > 0:
+        raise ValueError(f"classifier:{name} ({path}) learnt from history-only labelled windows "
+                         f"(--windows): it needs prefetch.lookahead: 0, got {lookahead}")
+
+
 class SavedClassifier:
     """A trained pipeline with its feature names; predicts replace (1) / keep (0)."""
 
@@ -391,6 +399,7 @@ class ClassifierPolicy(Steering):
         self.model_name = model_name or Path(model_path).stem  # type: ignore[arg-type]
         model = (SavedClassifier.load_file(model_path) if model_path  # a caller's own file
                  else SavedClassifier.load(self.model_name, models_dir))
+        check_lookahead(self.model_name, model.path, model.feature_names, cfg.lookahead)
         super().__init__(cfg, ClassifierDecider(model, f"classifier:{self.model_name}",
                                                 rule=LabelRule(margin=margin, cost=cost), dataset=dataset))
 
