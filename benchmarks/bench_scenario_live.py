@@ -10,7 +10,8 @@ Policy words: none, static, fixed:PERIOD[:half] (prefetch.period, prefetch.evict
 [:any] (prefetch.admit), rule[+probe][+half][+pay] (the run config's `rule:` section: probe, evict half, go_on payback), agent:MODEL
 [:PROMPT] (in-process; the scenario's prompt, or agent.prompt PROMPT), script:DIR[:PROMPT] (the agent with
 the answers recorded in DIR/decisions-r<R>.jsonl, e.g. `rudder sim`'s replay of the LLM on a
-live run's traces, window by window and no model running: rudder.agent.script). Where the windows carry the
+live run's traces, window by window and no model running: rudder.agent.script), classifier:NAME
+(a trained model in $RUDDER_CLASSIFIERS_DIR, default models/classifiers). Where the windows carry the
 past counterfactual (a past prompt: judge-history-2 / -2b), its live cost is printed too
 (t_past_cf per window and its share of the epochs: benchmarks/bench_past_live.py).
 The runs go in rounds, every policy once per round in turn, so load drifting over the benchmark
@@ -79,6 +80,8 @@ def _policy_keys(word: str) -> dict:
         folder, _, prompt = arg.partition(":")
         return {"prefetch.policy": "agent", "agent.backend": "script", "agent.script": folder,
                 **({"agent.prompt": prompt} if prompt else {})}
+    if base == "classifier" and arg:  # a trained model in $RUDDER_CLASSIFIERS_DIR (or models/classifiers)
+        return {"prefetch.policy": f"classifier:{arg}"}
     if base == "agent" and arg:
         model, _, prompt = arg.partition(":")
         return {"prefetch.policy": "agent", "agent.model.name": model, "agent.backend": "inproc",

@@ -89,3 +89,15 @@ def test_a_script_word_runs_the_agent_on_recorded_answers():
     assert check_name(rid, "run id") == rid == "live-s-script_sim-run_prefetch.past_thread-false-1"
     with pytest.raises(SystemExit, match="bad policy word 'fixed:5'.*KEY=VALUE"):
         overrides_for("fixed:5@prefetch.period")
+
+
+def test_a_classifier_word_names_a_trained_model():
+    from bench_scenario_live import run_id
+
+    from rudder.config import check_name
+
+    assert overrides_for("classifier:random_forest") == {"prefetch.policy": "classifier:random_forest"}
+    rid = run_id("configs/scenarios/history_cold_bench.yaml", "classifier:random_forest", 0)
+    assert check_name(rid, "run id") == rid
+    with pytest.raises(SystemExit, match="unknown policy word 'classifier'"):
+        overrides_for("classifier")
