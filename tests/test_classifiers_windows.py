@@ -52,9 +52,11 @@ def test_train_on_windows_records_the_label_and_the_features(tmp_path):
         _train(out, "--margin", "0.02")
 
 
-def test_a_windows_trained_model_steers_a_history_only_replay_from_its_windows(tmp_path, monkeypatch):
-    out = tmp_path / "models"
-    assert _train(out, "--models", "rf") == 0
+def _replay(out: Path, monkeypatch) -> tuple[list[dict], list[dict], object, object]:
+    """A history-only replay steered by the model in `out`: the features each decision read, the
+    run's windows (settled), the result and the trace."""
+    from rudder.prefetch.past import settle
+
     seen: list[dict] = []
     real = C.SavedClassifier.decide
     monkeypatch.setattr(C.SavedClassifier, "decide", lambda self, f: (seen.append(dict(f)), real(self, f))[1])
@@ -62,12 +64,23 @@ def test_a_windows_trained_model_steers_a_history_only_replay_from_its_windows(t
                          init="random")
     pc = PrefetchConfig(policy="classifier:rf", lookahead=0, window=5, period=10, init="random")
     res = simulate(trace, parse_policy("classifier:rf", pc), extra={"models_dir": str(out)})
-    wins = res.windows
-    assert len(seen) == len(wins) == len(res.decisions) == trace.num_minibatches // 5 > 4
+    return seen, [settle(w) for w in res.windows], res, trace
+
+
+def _read_their_windows(seen: list[dict], wins: list[dict], trace) -> None:
+    assert len(seen) == len(wins) == trace.num_minibatches // 5 > 4
     for i, (f, w) in enumerate(zip(seen, wins)):  # each window's own signals, the 3 before it for trends
         assert {k: f[k] for k in SIGNAL_FEATURES} == signal_features(w, wins[max(0, i - 3):i], trace.capacity)
     assert all("past_keep_fetched" in w for w in wins)  # the model asked for the past counterfactual
     assert any(f["sig_past_best"] < 0 for f in seen)  # and some past round saved rows
+
+
+def test_a_windows_trained_model_steers_a_history_only_replay_from_its_windows(tmp_path, monkeypatch):
+    out = tmp_path / "models"
+    assert _train(out, "--models", "rf") == 0
+    seen, wins, res, trace = _replay(out, monkeypatch)
+    _read_their_windows(seen, wins, trace)
+    assert len(res.decisions) == len(wins)
     assert {d["policy"] for d in res.decisions} == {"classifier:rf"}
     # its signals are a history-only window's: a run that samples ahead is refused, naming why,
     # by the policy and before any cluster starts
@@ -85,3 +98,17 @@ def test_a_windows_trained_model_steers_a_history_only_replay_from_its_windows(t
     assert problems(0) == []
     assert problems(3) == [f"prefetch.policy: classifier:random_forest ({out / 'random_forest.joblib'}) learnt "
                            "from history-only labelled windows (--windows): it needs prefetch.lookahead: 0, got 3"]
+
+
+def test_it_waits_for_a_past_counterfactual_measured_off_the_loader(tmp_path, monkeypatch):
+    """Live (prefetch.past_thread) a window's past counterfactual arrives as a future the
+    record's reader settles; this decider answers on the loader thread, so it waits for it
+    rather than read every past signal as 0."""
+    from rudder.prefetch.past import PastCounterfactual
+
+    out = tmp_path / "models"
+    assert _train(out, "--models", "rf") == 0
+    of = PastCounterfactual.of  # measured off the replay's thread, as a live trainer measures it
+    monkeypatch.setattr(PastCounterfactual, "of", classmethod(lambda cls, policy, background=False: of(policy, True)))
+    seen, wins, _, trace = _replay(out, monkeypatch)
+    _read_their_windows(seen, wins, trace)

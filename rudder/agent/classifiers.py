@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from rudder.agent.trajectories import (
 )
 from rudder.agent.windows import DecisionPoint
 from rudder.config import PrefetchConfig
+from rudder.prefetch.past import settle
 
 log = logging.getLogger(__name__)
 
@@ -361,13 +361,15 @@ class ClassifierDecider(FeatureDecider):
         if model.kind == "xgboost":
             self.backend = "xgboost"
         self.wants_past = bool(set(model.feature_names) & set(SIGNAL_FEATURES))
-        self._recent: deque[dict] = deque(maxlen=TREND_WINDOWS - 1)  # the windows before, oldest first
 
     def features(self, point: DecisionPoint) -> dict[str, float]:
         feats = super().features(point)
         if self.wants_past and point.raw.get("window", -1) >= 0:  # not the start decision
-            feats.update(signal_features(point.raw, list(self._recent), self.steer.ctx.capacity))
-            self._recent.append(point.raw)
+            # Live, the past counterfactual may still be measured off the loader
+            # (prefetch.past_thread): this decider answers on the loader thread, so it waits for
+            # it -- without it every past signal reads 0 and the model answers another window.
+            recent = [settle(w) for w in point.recent[-(TREND_WINDOWS - 1):]]
+            feats.update(signal_features(settle(point.raw), recent, self.steer.ctx.capacity))
         return feats
 
     def choose(self, features: dict[str, float], stats: WindowStats) -> tuple[bool, dict]:
