@@ -9,6 +9,10 @@ answers the agent's question at every window close: replace now or not?
                Pipeline per kind, stratified k-fold accuracy, then a fit on all the data; saved
                with joblib as <out>/<kind>.joblib (pipeline, feature names, training metadata)
                plus a readable <kind>.json beside it
+  or windows   `windows_dataset` / `rudder classifiers train --windows`: labelled windows of the
+               counterfactual decision suite instead of trajectories; the model learns the
+               counterfactual label from the signals the judge-history prompts show
+               (SIGNAL_FEATURES) and is a history-only model (prefetch.lookahead 0)
   policy       `ClassifierPolicy` (policy name `classifier:<name>`): loads <models_dir>/<name>
                .joblib (or a path), decides at each window close, applies at the next plan()
                as the agent does: with lookahead (ctx.depth > 0) a positive prediction
