@@ -3,7 +3,7 @@ learner is *trained* on labelled windows -- the ceiling of any decider, an LLM o
 included, that reads what the judge-history prompts show and nothing else.
 
   python benchmarks/bench_signal_ceiling.py --test benchmarks/results/cf_suite_past/heldout-synth-medium.jsonl
-         --train pool /tmp/cfs_small/heldout-synth-small.jsonl [--json OUT]
+         --train pool benchmarks/results/cf_suite_past/heldout-synth-small-21c0eea90b39.jsonl [--json OUT]
 
 Every --train set (a labelled-window file as bench_cf_suite_past writes, or `pool`: the
 judge-history-3 example pool, rudder/agent/history_pool.jsonl, its too-close windows left out)
@@ -13,7 +13,8 @@ window's answer, which a model that copies its last example is). Also per file, 
 within it (train and test on one graph: an optimistic figure, not held out). Accuracy against the
 counterfactual label, and counterfactual Pass@1 of the answer with the round the past
 counterfactual found best (as follow-the-past answers). Features: rudder.agent.signals'
-SIGNAL_FEATURES, computed as the prompts compute them; no label or future field is read.
+SIGNAL_FEATURES, computed as the prompts compute them and as the classifiers read them
+(rudder.agent.classifiers.windows_xy); no label or future field is read.
 """
 from __future__ import annotations
 
@@ -26,14 +27,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-def features(rec: dict) -> np.ndarray:
-    """SIGNAL_FEATURES of one labelled window (rudder.agent.signals.signal_features)."""
-    from rudder.agent.signals import SIGNAL_FEATURES, signal_features
-
-    f = signal_features(rec["window"], rec.get("recent") or [], int(rec["context"]["capacity"]))
-    return np.asarray([f[n] for n in SIGNAL_FEATURES])
 
 
 def load_set(name: str) -> list[dict]:
@@ -92,13 +85,15 @@ def over_seeds(rows: list[dict]) -> dict:
 def held_out(train_sets: dict[str, list[dict]], test: list[dict], seeds=(0,)) -> list[dict]:
     from bench_cf_suite_past import follow_past, nearest_example
 
-    X = np.stack([features(r) for r in test])
+    from rudder.agent.classifiers import windows_xy
+
+    X = windows_xy(test)[0]
     fixed = [score("follow the past counterfactual", "-", test, [follow_past(r)[0] for r in test]),
              score("the pool's nearest window (1-NN, judge-history-3's last example)", "pool", test,
                    [nearest_example(r)[0] for r in test])]
     rows = [over_seeds([r]) for r in fixed]
     for tname, recs in train_sets.items():
-        Xt, yt = np.stack([features(r) for r in recs]), np.array([bool(r["label_replace"]) for r in recs])
+        Xt, yt = windows_xy(recs)
         for lname in learners():
             rows.append(over_seeds([score(lname, tname, test, learners(s)[lname].fit(Xt, yt).predict(X))
                                     for s in seeds]))
@@ -108,7 +103,9 @@ def held_out(train_sets: dict[str, list[dict]], test: list[dict], seeds=(0,)) ->
 def leave_one_out(name: str, recs: list[dict], seeds=(0,)) -> list[dict]:
     from sklearn.model_selection import LeaveOneOut, cross_val_predict
 
-    X, y = np.stack([features(r) for r in recs]), np.array([bool(r["label_replace"]) for r in recs])
+    from rudder.agent.classifiers import windows_xy
+
+    X, y = windows_xy(recs)
     return [over_seeds([score(lname, f"{name} (leave one out)", recs,
                               cross_val_predict(learners(s)[lname], X, y, cv=LeaveOneOut())) for s in seeds])
             for lname in learners()]

@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_signal_ceiling as ceiling  # noqa: E402
 
+from rudder.agent.classifiers import windows_xy  # noqa: E402
 from rudder.agent.eval import load_windows  # noqa: E402
 from rudder.agent.signals import SIGNAL_FEATURES, past_counterfactual  # noqa: E402
 
@@ -40,14 +41,14 @@ def _separable(n: int, shift: float = 0.0) -> list[dict]:
 
 def test_features_are_the_prompts_signals_and_read_no_label_or_future():
     rec = load_windows(SHIPPED)[0]
-    x = ceiling.features(rec)
+    x = windows_xy([rec])[0][0]
     assert x.shape == (len(SIGNAL_FEATURES),) and np.isfinite(x).all()
     pc = past_counterfactual(rec["window"])
     assert x[SIGNAL_FEATURES.index("sig_past_best")] == min(pc.values())
     assert x[SIGNAL_FEATURES.index("sig_hit_rate")] == rec["window"]["hit_rate"]
     flipped = {**copy.deepcopy(rec), "label_replace": not rec["label_replace"], "best": None,
                "judged": {k: -v for k, v in rec["judged"].items()}}
-    assert np.array_equal(ceiling.features(flipped), x)  # the label and the judged future are not read
+    assert np.array_equal(windows_xy([flipped])[0][0], x)  # the label and the judged future are not read
 
 
 def test_learners_trained_on_one_set_answer_another():

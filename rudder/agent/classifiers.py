@@ -136,13 +136,22 @@ def windows_dataset(paths: list[str | Path]) -> TrajectorySet:
     recs = load_windows([str(p) for p in paths])
     if not recs:
         raise ValueError(f"no labelled windows in {', '.join(map(str, paths))}")
-    feats = [signal_features(r["window"], r.get("recent") or [], int(r["context"].get("capacity") or 0))
-             for r in recs]
-    X = np.array([[f[n] for n in SIGNAL_FEATURES] for f in feats])
-    y = np.array([int(bool(r["label_replace"])) for r in recs])
-    records = [{"features": {**f, "batch_size": float(r["context"].get("batch_size") or 0)},
-                "dataset": r.get("graph")} for f, r in zip(feats, recs)]
+    X, y = windows_xy(recs)
+    records = [{"features": {**dict(zip(SIGNAL_FEATURES, x)),
+                             "batch_size": float(r["context"].get("batch_size") or 0)},
+                "dataset": r.get("graph")} for x, r in zip(X.tolist(), recs)]
     return TrajectorySet(X, y, list(SIGNAL_FEATURES), records, [str(p) for p in paths])
+
+
+def windows_xy(recs: list[dict]):
+    """(X over SIGNAL_FEATURES, y: 1 = replace) of labelled windows (their context, window,
+    the windows before it, and the counterfactual label)."""
+    import numpy as np
+
+    X = np.array([[f[n] for n in SIGNAL_FEATURES] for f in
+                  (signal_features(r["window"], r.get("recent") or [], int(r["context"].get("capacity") or 0))
+                   for r in recs)])
+    return X, np.array([int(bool(r["label_replace"])) for r in recs])
 
 
 def train_models(
