@@ -213,3 +213,30 @@ def test_stale_half_counts_what_a_half_round_at_the_next_minibatch_takes():
         told = buffer_state(buf, [])["stale_half"]
         step = begin_step(buf, torch.tensor([30]), Replace("massivegnn", None, "t", stale_after=stale_after("half", 4)))
         assert step.victims.numel() == told == 5, (closes, told)  # every slot but node 0's (hit)
+
+
+def test_one_plan_call_for_several_thresholds_equals_a_plan_per_threshold():
+    """The past counterfactual plans every stale threshold in one call (one sort): each plan, and
+    each smaller budget's prefix of it, is the plan plan_massivegnn makes for that threshold and
+    budget alone, on aged buffers with empty slots, tied scores and tied miss counts."""
+    g = torch.Generator().manual_seed(3)
+    checked = 0
+    for trial in range(20):
+        H, cap = 400, 60
+        buf = HaloBuffer(torch.arange(H) * 7, cap, 0, alpha=0.2, period=6, store_features=False)
+        buf.fill(torch.randperm(H, generator=g)[: cap - trial] * 7)  # halo ids; some slots left empty
+        filled = buf.slot_pos >= 0
+        buf.score[filled] = torch.randint(0, 8, (int(filled.sum()),), generator=g).double() / 8  # ties
+        buf.miss_count[:] = torch.randint(0, 4, (H,), generator=g).double()
+        buf.miss_count[buf.slot_of >= 0] = 0
+        thresholds = [None, 1.0, 3.0, 12.0]
+        for most in (None, 5, 25):
+            plans = buf.massivegnn_plans(thresholds, most)
+            for sa in thresholds:
+                for budget in ([most] if most is None else [1, 3, most]):
+                    v_alone, new_alone = buf.plan_massivegnn(budget, sa)
+                    v, pos = plans[sa]
+                    n = v.numel() if budget is None else min(v.numel(), budget)
+                    assert torch.equal(v[:n], v_alone) and torch.equal(buf.halo[pos[:n]], new_alone), (trial, sa, budget)
+                    checked += v_alone.numel()
+    assert checked > 100  # plans with victims were compared, not only empty ones

@@ -163,3 +163,26 @@ def test_the_past_counterfactual_over_several_windows(trace):
             assert wins[k][f"past_fetched_{label}"] == sum(x["fetched_rows"] for x in other[k - 2:k + 1]), (k, label)
     assert past_line(wins[4]).startswith("a round 3 windows ago (replayed on the 3 windows since) would have: ")
     assert past_line(wins[0]).startswith("a round at this window's start")
+
+
+@pytest.mark.parametrize("offset", [0, 1 << 40])  # graph ids (counted densely) and sparse ones (sorted)
+def test_later_accesses_are_counted_by_id(offset):
+    """A window's accesses after its first minibatch, counted once and looked up per branch:
+    equal to a count by hand, ids never accessed count 0, and ids no buffer holds (-1 in a
+    replay's position space) count in the total only."""
+    import numpy as np
+    import torch
+
+    from rudder.prefetch.past import _Later
+
+    g = torch.Generator().manual_seed(0)
+    remote = [torch.randint(0, 50, (n,), generator=g) + offset for n in (30, 40, 25, 35)]
+    remote[2][:5] = -1
+    later = _Later(remote)
+    assert (later.ids is None) == (offset == 0)
+    rest = torch.cat(remote[1:]).tolist()
+    assert later.total == len(rest)
+    query = np.array([offset + k for k in range(0, 60, 3)] + [offset + 10**6], dtype=np.int64)
+    assert later.counts(query).tolist() == [rest.count(int(q)) for q in query]
+    assert later.counts(np.zeros(0, dtype=np.int64)).size == 0
+    assert _Later(remote[:1]).total == 0 and _Later(remote[:1]).counts(query).sum() == 0

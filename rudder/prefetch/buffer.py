@@ -393,15 +393,33 @@ class HaloBuffer:
         """Stale slots <- most-missed non-buffered halo nodes, as many as both lists allow.
         stale_after: this round counts slots stale after that many minibatches without a hit
         (threshold (1-alpha)^stale_after) instead of `period`; the rule is otherwise the same."""
-        victims = self.stale_slots(stale_after)
-        cand_mask = (self.slot_of < 0) & (self.miss_count > 0)
-        cand = torch.nonzero(cand_mask).flatten()
-        n = min(victims.numel(), cand.numel(), max_rows if max_rows is not None else 1 << 62)
-        if n <= 0:
-            return _EMPTY, _EMPTY
+        victims, pos = self.massivegnn_plans([stale_after], max_rows)[stale_after]
+        return (victims, self._newcomers(pos)) if victims.numel() else (_EMPTY, _EMPTY)
+
+    def massivegnn_plans(self, stale_afters: list[float | None], max_rows: int | None = None
+                         ) -> dict[float | None, tuple[torch.Tensor, torch.Tensor]]:
+        """plan_massivegnn's plan for each stale threshold, as (victim slots, newcomers' halo
+        positions), planning nothing (no `apply` follows). One sort serves every threshold: a
+        stricter threshold's stale slots are a prefix of the loosest one's in score order, and
+        the newcomers' order does not depend on the threshold. A smaller max_rows's plan is a
+        prefix of this one's."""
+        thresholds = {sa: self.stale_threshold(sa) for sa in stale_afters}
+        filled = self.slot_pos >= 0
+        empty = torch.nonzero(~filled).flatten()
+        stale = torch.nonzero(filled & (self.score < max(thresholds.values()))).flatten()
+        stale = stale[torch.argsort(self.score[stale], stable=True)]  # lowest score first
+        cand = torch.nonzero((self.slot_of < 0) & (self.miss_count > 0)).flatten()
+        cap = 1 << 62 if max_rows is None else max_rows
+        most = min(empty.numel() + stale.numel(), cand.numel(), cap)
         # most missed first; ties to the lower node id (stable sort: deterministic everywhere)
-        top = torch.sort(-self.miss_count[cand], stable=True).indices[:n]
-        return victims[:n], self._newcomers(cand[top])
+        top = cand[torch.sort(-self.miss_count[cand], stable=True).indices[:most]] if most > 0 else _EMPTY
+        scores = self.score[stale]
+        plans = {}
+        for sa, threshold in thresholds.items():
+            k = int(torch.searchsorted(scores, torch.tensor([threshold], dtype=scores.dtype)))  # scores < threshold
+            n = min(empty.numel() + k, cand.numel(), cap)
+            plans[sa] = (torch.cat([empty, stale[:k]])[:n], top[:n]) if n > 0 else (_EMPTY, _EMPTY)
+        return plans
 
     def _newcomers(self, pos: torch.Tensor) -> torch.Tensor:
         """A plan's newcomer ids; `apply` takes their positions from here instead of searching."""
@@ -663,6 +681,7 @@ class HaloBuffer:
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
+
 _EMPTY_NP = _EMPTY.numpy()
 
 

@@ -11,8 +11,9 @@ thread, rudder.pipeline): both call `PastCounterfactual.step` before each miniba
 and `close` on each window record. It keeps a copy of the buffer's index and scores (no feature
 rows: `index_copy`) at each window start, the window's remote id lists and what was sampled
 ahead of each. At the close, keep and the MassiveGNN rounds take the first minibatch's split
-once and one plan per stale threshold (the buffer's own plan; every budget a prefix of it), the
-later minibatches as lookups in the buffered set each branch leaves (no later round changes it):
+once and one plan per stale threshold (the buffer's own plans, made in one call; every budget a
+prefix of one), the later minibatches as lookups (their accesses counted once a window) in the
+buffered set each branch leaves (no later round changes it):
 `_one_round_rows`; a lookahead branch takes every minibatch through the shared step
 (begin_step/finish_step) on its own copy, each with its round. Buffer arithmetic only: no
 feature row and no DGL RPC. Its
@@ -79,21 +80,37 @@ def index_copy(buf: HaloBuffer) -> HaloBuffer:
     return new
 
 
-def _later(remote: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
-    """Every access after a window's first minibatch, as (distinct ids sorted, accesses of each):
-    made once per window, each branch then searches only its buffered ids in it."""
-    if len(remote) < 2:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.unique(torch.cat(remote[1:]).numpy(), return_counts=True)
+# A window's ids are counted in a dense array (one bincount, lookups by index) rather than sorted
+# when the largest is below this bound or 16x their number (the array stays within ~32 MB or 128 B
+# an access): a graph's node ids fit it; ids from a sparse space fall back to the sort.
+DENSE_IDS = 1 << 22
 
 
-def _later_counts(later: tuple[np.ndarray, np.ndarray], query: np.ndarray) -> np.ndarray:
-    """Accesses after the first minibatch of each id of `query` (0 for an id never accessed)."""
-    ids, count = later
-    if not ids.size or not query.size:
-        return np.zeros(query.size, dtype=np.int64)
-    at = np.minimum(np.searchsorted(ids, query), ids.size - 1)
-    return np.where(ids[at] == query, count[at], 0)
+class _Later:
+    """Every access after a window's first minibatch, counted once per window; each branch then
+    looks up only its buffered ids (`counts`). `total`: all of them, the ones no buffer can hold
+    (-1 in a replay's halo-position space: not a halo node) included."""
+
+    def __init__(self, remote: list[torch.Tensor]):
+        ids = torch.cat(remote[1:]).numpy() if len(remote) > 1 else np.zeros(0, dtype=np.int64)
+        self.total = int(ids.size)
+        if ids.size and ids.min() < 0:
+            ids = ids[ids >= 0]
+        self.ids: np.ndarray | None = None  # distinct ids sorted, where not dense
+        if not ids.size or ids.max() < max(DENSE_IDS, 16 * ids.size):
+            self.count = np.bincount(ids)  # accesses by id
+        else:
+            self.ids, self.count = np.unique(ids, return_counts=True)
+
+    def counts(self, query: np.ndarray) -> np.ndarray:
+        """Accesses of each id of `query` (0 for an id never accessed)."""
+        if not self.count.size or not query.size:
+            return np.zeros(query.size, dtype=np.int64)
+        if self.ids is None:  # ids beyond the largest accessed one count 0
+            inside = query < self.count.size
+            return np.where(inside, self.count[np.where(inside, query, 0)], 0)
+        at = np.minimum(np.searchsorted(self.ids, query), self.ids.size - 1)
+        return np.where(self.ids[at] == query, self.count[at], 0)
 
 
 def _prefix_sums(x: np.ndarray) -> np.ndarray:
@@ -113,7 +130,7 @@ def _lookahead_rows(buf: HaloBuffer, remote: list[torch.Tensor], round: Replace,
     return rows
 
 
-def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarray, np.ndarray],
+def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: _Later,
                     rounds: dict[str, Replace]) -> tuple[int, dict[str, int]]:
     """Keep, and each MassiveGNN round at the first minibatch, from `buf` (consumed), without a
     replay per branch. After the first minibatch no branch changes its buffered set (only a
@@ -121,28 +138,31 @@ def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: tuple[np.ndarra
     plus the newcomers' later accesses. The first minibatch's misses are every branch's (the
     split comes before the round). A round's plan with a smaller budget is a prefix of the same
     plan with a larger one (victims in stale order, newcomers most-missed first, a stable sort),
-    so one plan per stale threshold serves every budget: buffer.plan_massivegnn's own plan."""
+    so one plan per stale threshold serves every budget, and one call plans every threshold
+    (buffer.massivegnn_plans: plan_massivegnn's own plans, one sort for all)."""
     _, _, _, hit_slots, miss_ids, missed_pos = buf.split(first)
     misses = int(miss_ids.numel())
-    held_hits = int(_later_counts(later, buf.contents().numpy()).sum())
-    total_later = int(later[1].sum())
+    held_hits = int(later.counts(buf.contents().numpy()).sum())
+    total_later = later.total
     keep = misses + total_later - held_hits
     if not rounds:
         return keep, {}
     buf.record(hit_slots, missed_pos, count_misses=False)  # a round's minibatch counts no misses
+    most = None if any(r.max_rows is None for r in rounds.values()) else max(r.max_rows for r in rounds.values())
+    plans = buf.massivegnn_plans(list(dict.fromkeys(r.stale_after for r in rounds.values())), most)
+    missed = np.zeros(buf.halo.numel(), dtype=bool)
+    missed[missed_pos.numpy()] = True  # the first minibatch's misses, by halo position
     out = {}
-    for sa in dict.fromkeys(r.stale_after for r in rounds.values()):
-        group = {k: r for k, r in rounds.items() if r.stale_after == sa}
-        most = None if any(r.max_rows is None for r in group.values()) else max(r.max_rows for r in group.values())
-        victims, newcomers = buf.plan_massivegnn(most, sa)
+    for sa, (victims, new_pos) in plans.items():
         pos = buf.slot_pos[victims]
-        gone = np.where(pos.numpy() >= 0, _later_counts(later, buf.halo[pos.clamp(min=0)].numpy()), 0)
-        came = _later_counts(later, newcomers.numpy())
-        extra = ~torch.isin(newcomers, miss_ids).numpy()
+        gone = np.where(pos.numpy() >= 0, later.counts(buf.halo[pos.clamp(min=0)].numpy()), 0)
+        came = later.counts(buf.halo[new_pos].numpy())
+        extra = ~missed[new_pos.numpy()]  # newcomers the first minibatch did not pull anyway
         gone, came, extra = _prefix_sums(gone), _prefix_sums(came), _prefix_sums(extra)
-        for k, r in group.items():
-            n = victims.numel() if r.max_rows is None else min(victims.numel(), r.max_rows)
-            out[k] = misses + int(extra[n]) + total_later - (held_hits - int(gone[n]) + int(came[n]))
+        for k, r in rounds.items():
+            if r.stale_after == sa:
+                n = victims.numel() if r.max_rows is None else min(victims.numel(), r.max_rows)
+                out[k] = misses + int(extra[n]) + total_later - (held_hits - int(gone[n]) + int(came[n]))
     return keep, out
 
 
@@ -159,7 +179,7 @@ def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str,
     futures += [[]] * (len(remote) - len(futures))
     ahead = {k: r for k, r in rounds.items() if r.mechanism == "lookahead"}
     got = {k: _lookahead_rows(index_copy(start), remote, r, futures) for k, r in ahead.items()}
-    keep, once = _one_round_rows(start, remote[0], _later(remote), {k: r for k, r in rounds.items() if k not in ahead})
+    keep, once = _one_round_rows(start, remote[0], _Later(remote), {k: r for k, r in rounds.items() if k not in ahead})
     got.update(once)
     return {"past_minibatches": len(remote), "past_keep_fetched": keep,
             **({"past_windows": windows} if windows > 1 else {}),
