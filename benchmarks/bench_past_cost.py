@@ -27,26 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rudder.prefetch.policy import Policy, Replace  # noqa: E402
+from rudder.prefetch.policy import Replace, ScriptedRounds  # noqa: E402
 
 SETTINGS = {"lookahead": 0, "init": "random", "alpha": 0.05, "period": 10, "window": 5}
-
-
-class PastWanted(Policy):
-    """Runs the rounds `at` ({minibatch: Replace}) and wants the past counterfactual of `wants`."""
-
-    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace], past_windows: int):
-        self.at, self.wants, self.past_windows, self.windows = at, wants, past_windows, []
-
-    def past_rounds(self):
-        return self.wants
-
-    def observe(self, metrics, window=None):
-        if window is not None:
-            self.windows.append(dict(window))
-
-    def plan(self, step):
-        return self.at.get(step.global_step)
 
 
 def periodic_rounds(minibatches: int, capacity: int) -> dict[int, Replace]:
@@ -64,7 +47,7 @@ def replay_windows(trace, past_windows: int, rounds: str) -> list[dict]:
     pt = PositionTrace(trace)
     C = trace.capacity
     at = periodic_rounds(len(pt), C) if rounds == "periodic" else {}
-    pol = PastWanted(at, past_rounds(C, pc), past_windows)
+    pol = ScriptedRounds(at, past_rounds(C, pc), past_windows)
     rp = BufferReplayer(pt, pol, C, alpha=pc.alpha, period=pc.period, depth=0, window=pc.window)
     rp.fill(trace.init_positions()[:C])
     replay(pt, rp)

@@ -17,7 +17,7 @@ from rudder.agent.hindsight import _Forks, collect_run, judge_run
 from rudder.agent.history_examples import HISTORY_CONTEXT
 from rudder.agent.messages import EVICT_WORDS, Answer, Decision
 from rudder.prefetch.buffer import HaloBuffer
-from rudder.prefetch.policy import EVICT_PERIODS, Policy, Replace, stale_after
+from rudder.prefetch.policy import EVICT_PERIODS, Replace, ScriptedRounds, stale_after
 from rudder.prefetch.step import begin_step, finish_step
 from rudder.records import read_jsonl
 from rudder.sim.replay import BufferReplayer, PositionTrace, replay
@@ -110,16 +110,6 @@ class Scripted:
         pass
 
 
-class AtSteps(Policy):
-    """Rounds at given steps: the plain replay the policy's must match."""
-
-    def __init__(self, rounds: dict[int, Replace]):
-        self.rounds = rounds
-
-    def plan(self, step):
-        return self.rounds.get(step.global_step)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("evict")
@@ -146,7 +136,7 @@ def test_policy_replay_and_judge_apply_the_knob_the_same_way(runs):
         f.replay({})  # raises if the replay's hits leave the run's at any minibatch
         pt = PositionTrace(trace)
         sa = stale_after(evict, pf["period"])
-        plain = BufferReplayer(pt, AtSteps({d["applied_step"]: Replace("massivegnn", trace.capacity, "t", stale_after=sa)
+        plain = BufferReplayer(pt, ScriptedRounds({d["applied_step"]: Replace("massivegnn", trace.capacity, "t", stale_after=sa)
                                             for d in applied}),
                                trace.capacity, alpha=pf["alpha"], period=pf["period"], depth=0, window=5, records=False)
         plain.fill(trace.init_positions()[:trace.capacity])
@@ -186,7 +176,7 @@ def test_fixed_and_rule_take_the_knob(runs):
     assert spec.prefetch.evict == "half" and spec.prefetch.period == 5
     pt = PositionTrace(trace)
     rounds = {g: Replace("massivegnn", None, "t", stale_after=2.5) for g in range(5, len(pt), 5)}
-    plain = BufferReplayer(pt, AtSteps(rounds), trace.capacity, alpha=0.2, period=5, depth=0, window=5, records=False)
+    plain = BufferReplayer(pt, ScriptedRounds(rounds), trace.capacity, alpha=0.2, period=5, depth=0, window=5, records=False)
     plain.fill(trace.init_positions()[:trace.capacity])
     assert simulate(trace, spec).summary()["fetched_rows"] == int(replay(pt, plain)["fetched_rows"].sum())
     assert (simulate(trace, parse_policy("fixed:5:0.2", pc)).summary()["fetched_rows"]

@@ -17,7 +17,7 @@ from rudder.prefetch.buffer import HaloBuffer
 from rudder.prefetch.features import BufferedFeatures
 from rudder.prefetch.metrics import MetricsCollector
 from rudder.prefetch.past import PENDING, PastCounterfactual, index_copy, past_fields, settle
-from rudder.prefetch.policy import Policy, Replace
+from rudder.prefetch.policy import Replace, ScriptedRounds
 from rudder.sim.replay import BufferReplayer, PositionTrace, replay
 from rudder.trace import Trace, TraceWriter
 
@@ -32,23 +32,6 @@ def _rounds(depth: int) -> dict[str, Replace]:
     if depth:
         r["ahead"] = Replace("lookahead", C // 4, "t")
     return r
-
-
-class Rounds(Policy):
-    """Rounds at chosen global steps; wants the past counterfactual of `wants` (None: not)."""
-
-    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace] | None):
-        self.at, self.wants, self.windows = at, wants, []
-
-    def plan(self, step):
-        return self.at.get(step.global_step)
-
-    def past_rounds(self):
-        return self.wants
-
-    def observe(self, metrics, window=None):
-        if window is not None:
-            self.windows.append(dict(window))
 
 
 def _at(depth: int) -> dict[int, Replace]:
@@ -75,7 +58,7 @@ def live(depth: int, wants: dict[str, Replace] | None, past_thread: bool = False
     buf.fill(init, FEAT[init])
     feats = BufferedFeatures(FEAT, lambda ids: (ids >= N // 2).long(), 0, buf, local_id=0)
     writer = TraceWriter("unused.npz", HALO, init, C)
-    pipe = MinibatchPipeline(sampled, feats, torch.arange(N) % 3, Rounds(_at(depth), wants), MetricsCollector(W),
+    pipe = MinibatchPipeline(sampled, feats, torch.arange(N) % 3, ScriptedRounds(_at(depth), wants), MetricsCollector(W),
                              STEPS, EPOCHS, depth, queue_size=2, trace_writer=writer, past_thread=past_thread)
     windows = []
     for epoch in range(EPOCHS):
@@ -88,7 +71,7 @@ def live(depth: int, wants: dict[str, Replace] | None, past_thread: bool = False
 
 def replayed(trace: Trace, depth: int, wants) -> list[dict]:
     pt = PositionTrace(trace)
-    pol = Rounds(_at(depth), wants)
+    pol = ScriptedRounds(_at(depth), wants)
     rp = BufferReplayer(pt, pol, C, alpha=ALPHA, period=PERIOD, depth=depth, window=W)
     rp.fill(trace.init_positions())
     replay(pt, rp)
@@ -199,7 +182,7 @@ def test_a_real_run_carries_the_past_counterfactual_when_the_policy_asks(tmp_pat
         assert all(set(past(w)) == {"past_minibatches", "past_keep_fetched", *(f"past_fetched_{k}" for k in rounds)}
                    for w in windows)
         pt = PositionTrace(trace)
-        rp = BufferReplayer(pt, Rounds({}, rounds), trace.capacity, alpha=0.05, period=10, depth=0, window=5)
+        rp = BufferReplayer(pt, ScriptedRounds({}, rounds), trace.capacity, alpha=0.05, period=10, depth=0, window=5)
         rp.fill(trace.init_positions()[:trace.capacity])
         replay(pt, rp)
         assert [past(w) for w in windows] == [past(w) for w in rp.windows[:len(windows)]]

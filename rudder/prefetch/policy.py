@@ -174,3 +174,25 @@ class Policy:
 
     def close(self) -> None:
         pass
+
+
+class ScriptedRounds(Policy):
+    """Given rounds at given minibatches (`at`: {global step: Replace}); asks for the past
+    counterfactual of `wants` over `past_windows` windows (None: not wanted) and keeps every
+    window record it sees (`windows`). What the tests and benchmarks of the past counterfactual
+    and of rounds run, live or in a replay."""
+
+    name = "scripted"
+
+    def __init__(self, at: dict[int, Replace], wants: dict[str, Replace] | None = None, past_windows: int = 1):
+        self.at, self.wants, self.past_windows, self.windows = at, wants, past_windows, []
+
+    def plan(self, step: StepInfo) -> Replace | None:
+        return self.at.get(step.global_step)
+
+    def past_rounds(self) -> dict[str, Replace] | None:
+        return self.wants
+
+    def observe(self, metrics: dict, window: dict | None = None) -> None:
+        if window is not None:
+            self.windows.append(dict(window))
