@@ -681,7 +681,6 @@ class HaloBuffer:
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
-
 _EMPTY_NP = _EMPTY.numpy()
 
 
