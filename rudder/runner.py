@@ -314,13 +314,10 @@ def preflight(cfg: RunConfig, probe: bool = True) -> list[str]:
         except (FileNotFoundError, ValueError) as exc:
             problems.append(str(exc))
     if pol.startswith("classifier:"):
-        from rudder.agent.classifiers import check_lookahead, resolve_checked
+        from rudder.agent.classifiers import resolve_checked
 
         try:
-            name = pol.split(":", 1)[1]
-            path = resolve_checked(name)
-            meta = json.loads(path.with_suffix(".json").read_text())  # read by resolve_checked too
-            check_lookahead(name, path, meta.get("feature_names") or [], cfg.prefetch.lookahead)
+            resolve_checked(pol.split(":", 1)[1], lookahead=cfg.prefetch.lookahead)
         except (ValueError, FileNotFoundError) as exc:
             problems.append(f"prefetch.policy: {exc}")
     url = agent_url(cfg)

@@ -239,10 +239,12 @@ def resolve_model_path(name: str, directory: str | Path | None = None) -> Path:
         return direct
 
 
-def resolve_checked(name: str, directory: str | Path | None = None) -> Path:
+def resolve_checked(name: str, directory: str | Path | None = None, lookahead: int | None = None) -> Path:
     """The model file for a configured name (`classifier:<name>`): a plain name, found in the
     models folder (models_dir), whose sha256 matches the digest its training recorded in
-    <name>.json. A joblib file is a pickle: loading one runs code, so a run loads only these."""
+    <name>.json. A joblib file is a pickle: loading one runs code, so a run loads only these.
+    `lookahead` (a run's prefetch.lookahead): also `check_lookahead` on the feature names that
+    <name>.json records, before anything is unpickled (preflight)."""
     from rudder.config import check_name
 
     stem = name[:-len(".joblib")] if name.endswith(".joblib") else name
@@ -262,9 +264,10 @@ def resolve_checked(name: str, directory: str | Path | None = None) -> Path:
         raise ValueError(f"classifier model {path} points outside {base}")
     sidecar = path.with_suffix(".json")
     try:
-        want = json.loads(sidecar.read_text()).get("sha256")
+        meta = json.loads(sidecar.read_text())
     except (OSError, ValueError):
-        want = None
+        meta = {}
+    want = meta.get("sha256")
     if not want:
         raise ValueError(f"classifier model {path} has no recorded sha256 in {sidecar}: retrain "
                          "it (" + TRAIN_COMMAND.format(out=base) + ") so its digest is recorded")
@@ -272,6 +275,8 @@ def resolve_checked(name: str, directory: str | Path | None = None) -> Path:
     if got != want:
         raise ValueError(f"classifier model {path} has sha256 {got[:12]}..., its {sidecar.name} "
                          f"records {want[:12]}...: altered since training; not loaded")
+    if lookahead is not None:
+        check_lookahead(name, path, meta.get("feature_names") or [], lookahead)
     return path
 
 
