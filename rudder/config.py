@@ -187,8 +187,9 @@ class PrefetchConfig(Strict):
     evict: Literal["stale", "half"] = "stale"
     window: int = Field(10, gt=0)  # minibatches per metrics window (agent, classifier)
     # windows the past counterfactual spans (rudder.prefetch.past): a round at the start of the
-    # window past_windows - 1 before the one just closed, replayed over all of them; where a
-    # round pays back over more than a window (synth-bench: 20-40 minibatches, BENCHMARKS 7o)
+    # window past_windows - 1 before the one just closed, replayed over all of them (never from
+    # the run's first minibatch: nothing was missed before it, so a round there swaps nothing);
+    # where a round pays back over more than a window (synth-bench: 20-40 minibatches, BENCHMARKS 7o)
     past_windows: int = Field(1, ge=1, le=16)
     # the past counterfactual's replays at a window's close on a thread of their own, not the
     # loader's: the next minibatch's pull is not held behind them (the loader keeps the index

@@ -146,23 +146,50 @@ def test_judge_history_2b_shows_no_own_decisions():
 
 def test_the_past_counterfactual_over_several_windows(trace):
     """prefetch.past_windows 3: at each window close the replay starts at the start of the window
-    two before (fewer at the run's first windows) and runs over all three; its keep branch is the
-    run itself when it never replaces, and each round's branch is a run that applies that round
-    (only) there, summed over the windows spanned; the prompt says how many windows."""
+    two before (fewer at the run's first windows; never at the run's first minibatch, where no
+    node had been missed yet, but for the first window itself) and runs over all three; its keep
+    branch is the run itself when it never replaces, and each round's branch is a run that
+    applies that round (only) there, summed over the windows spanned; the prompt says how many
+    windows."""
     C = trace.capacity
     rounds = {"big_stale": Replace("massivegnn", C, "t"), "small_half": Replace("massivegnn", C // 10, "t", stale_after=3.0)}
     wins, _ = _run(trace, {}, rounds, past_windows=3)
+    start = [0] + [max(1, k - 2) for k in range(1, len(wins))]  # the window each replay starts at
     for k, w in enumerate(wins):
-        first = max(0, k - 2)
-        assert w["past_minibatches"] == (k - first + 1) * W
-        assert w.get("past_windows", 1) == k - first + 1
-        assert w["past_keep_fetched"] == sum(x["fetched_rows"] for x in wins[first:k + 1])
-    for k in (2, 5):
+        assert w["past_minibatches"] == (k - start[k] + 1) * W
+        assert w.get("past_windows", 1) == k - start[k] + 1
+        assert w["past_keep_fetched"] == sum(x["fetched_rows"] for x in wins[start[k]:k + 1])
+    for k in (2, 3, 5):
         for label, r in rounds.items():
-            other, _ = _run(trace, {(k - 2) * W: r}, None)
-            assert wins[k][f"past_fetched_{label}"] == sum(x["fetched_rows"] for x in other[k - 2:k + 1]), (k, label)
+            other, _ = _run(trace, {start[k] * W: r}, None)
+            assert wins[k][f"past_fetched_{label}"] == sum(x["fetched_rows"] for x in other[start[k]:k + 1]), (k, label)
     assert past_line(wins[4]).startswith("a round 3 windows ago (replayed on the 3 windows since) would have: ")
     assert past_line(wins[0]).startswith("a round at this window's start")
+
+
+def test_a_round_with_nothing_to_swap_is_not_measured(trace):
+    """`past_round_slots`: the most slots one of the replayed rounds swapped, each the rows a
+    run applying that round there admits. A replay that starts at the run's first minibatch
+    has no missed node to bring in, so every round swaps nothing: the prompt says that no round
+    is measured yet rather than "no change"."""
+    C = trace.capacity
+    rounds = {"big_stale": Replace("massivegnn", C, "t"), "small_half": Replace("massivegnn", C // 10, "t", stale_after=3.0)}
+    wins, _ = _run(trace, {}, rounds)
+    assert wins[0]["past_round_slots"] == 0
+    for k in (1, 3, 6):
+        swapped = [_run(trace, {k * W: r}, None)[1]["admitted_rows"][k * W] for r in rounds.values()]
+        assert wins[k]["past_round_slots"] == max(swapped) > 0, k
+    unmeasured = "would have swapped no slot (no node had been missed before it, or no slot was stale)"
+    assert past_line(wins[0]) == "a round at this window's start (replayed on its minibatches) " + unmeasured + \
+        ": what a round does is not measured yet"
+    assert unmeasured not in past_line(wins[1]) and "; best " in past_line(wins[1])
+    # with past_windows 3, the windows after the first are not replayed from the run's start
+    # (test_the_past_counterfactual_over_several_windows): each measures a round
+    spanned, _ = _run(trace, {}, rounds, past_windows=3)
+    assert [w["past_round_slots"] > 0 for w in spanned[:4]] == [False, True, True, True]
+    # lookahead rounds swap per minibatch: no such field
+    ahead, _ = _run(trace, {}, {"la": Replace("lookahead", C // 10, "misses")})
+    assert "past_round_slots" not in ahead[1]
 
 
 @pytest.mark.parametrize("offset", [0, 1 << 40])  # graph ids (counted densely) and sparse ones (sorted)

@@ -95,7 +95,8 @@ def test_live_windows_carry_the_replays_past_counterfactual(depth, past_thread):
     assert [past(w) for w in lw] == [past(w) for w in rw]
     assert [w["fetched_rows"] for w in lw] == [w["fetched_rows"] for w in rw]  # the same run
     for w in lw:
-        assert set(past(w)) == {"past_minibatches", "past_keep_fetched", *(f"past_fetched_{k}" for k in rounds)}
+        assert set(past(w)) == {"past_minibatches", "past_keep_fetched", "past_round_slots",
+                                *(f"past_fetched_{k}" for k in rounds)}
         assert w["past_minibatches"] == W and 0 <= w["t_past_cf"] < 5.0
     # without a round of its own in the window, the keep branch is the window itself
     own = {g // W for g in _at(depth)}
@@ -179,7 +180,8 @@ def test_a_real_run_carries_the_past_counterfactual_when_the_policy_asks(tmp_pat
         # measured, in order, with the loader's share of the seconds
         assert [w["window"] for w in windows] == list(range(len(windows)))
         assert all(PENDING not in w and w["t_past_loader"] >= 0 for w in windows)
-        assert all(set(past(w)) == {"past_minibatches", "past_keep_fetched", *(f"past_fetched_{k}" for k in rounds)}
+        assert all(set(past(w)) == {"past_minibatches", "past_keep_fetched", "past_round_slots",
+                                    *(f"past_fetched_{k}" for k in rounds)}
                    for w in windows)
         pt = PositionTrace(trace)
         rp = BufferReplayer(pt, ScriptedRounds({}, rounds), trace.capacity, alpha=0.05, period=10, depth=0, window=5)

@@ -213,5 +213,8 @@ def past_line(w: dict) -> str | None:
     else:
         head = ("a round at this window's start (replayed on its minibatches) would have: " if n == 1 else
                 f"a round {n} windows ago (replayed on the {n} windows since) would have: ")
+    if w.get("past_round_slots") == 0:  # every round empty: not measured (rudder.prefetch.past.past_fields)
+        return (head.removesuffix(" would have: ") + " would have swapped no slot (no node had been missed "
+                "before it, or no slot was stale): what a round does is not measured yet")
     return (head + ", ".join(f"{k} {saved_text(v)}" for k, v in pc.items())
             + f" of {'its' if n == 1 else 'their'} fetched rows; best {best} {saved_text(pc[best])}")

@@ -131,7 +131,7 @@ def _lookahead_rows(buf: HaloBuffer, remote: list[torch.Tensor], round: Replace,
 
 
 def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: _Later,
-                    rounds: dict[str, Replace]) -> tuple[int, dict[str, int]]:
+                    rounds: dict[str, Replace]) -> tuple[int, dict[str, int], int]:
     """Keep, and each MassiveGNN round at the first minibatch, from `buf` (consumed), without a
     replay per branch. After the first minibatch no branch changes its buffered set (only a
     round's `apply` does), so a branch's later hits are the kept set's, minus the victims' and
@@ -139,20 +139,21 @@ def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: _Later,
     split comes before the round). A round's plan with a smaller budget is a prefix of the same
     plan with a larger one (victims in stale order, newcomers most-missed first, a stable sort),
     so one plan per stale threshold serves every budget, and one call plans every threshold
-    (buffer.massivegnn_plans: plan_massivegnn's own plans, one sort for all)."""
+    (buffer.massivegnn_plans: plan_massivegnn's own plans, one sort for all). Also returns the
+    most slots any of the rounds would have swapped: 0 where none had anything to swap."""
     _, _, _, hit_slots, miss_ids, missed_pos = buf.split(first)
     misses = int(miss_ids.numel())
     held_hits = int(later.counts(buf.contents().numpy()).sum())
     total_later = later.total
     keep = misses + total_later - held_hits
     if not rounds:
-        return keep, {}
+        return keep, {}, 0
     buf.record(hit_slots, missed_pos, count_misses=False)  # a round's minibatch counts no misses
     most = None if any(r.max_rows is None for r in rounds.values()) else max(r.max_rows for r in rounds.values())
     plans = buf.massivegnn_plans(list(dict.fromkeys(r.stale_after for r in rounds.values())), most)
     missed = np.zeros(buf.halo.numel(), dtype=bool)
     missed[missed_pos.numpy()] = True  # the first minibatch's misses, by halo position
-    out = {}
+    out, swapped = {}, 0
     for sa, (victims, new_pos) in plans.items():
         pos = buf.slot_pos[victims]
         gone = np.where(pos.numpy() >= 0, later.counts(buf.halo[pos.clamp(min=0)].numpy()), 0)
@@ -162,8 +163,9 @@ def _one_round_rows(buf: HaloBuffer, first: torch.Tensor, later: _Later,
         for k, r in rounds.items():
             if r.stale_after == sa:
                 n = victims.numel() if r.max_rows is None else min(victims.numel(), r.max_rows)
+                swapped = max(swapped, n)
                 out[k] = misses + int(extra[n]) + total_later - (held_hits - int(gone[n]) + int(came[n]))
-    return keep, out
+    return keep, out, swapped
 
 
 def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str, Replace],
@@ -171,7 +173,9 @@ def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str,
     """The window fields: `remote` replayed from `start` (an index copy, consumed) with no round
     and with each of `rounds`; `futures`: what was sampled ahead of each minibatch of `remote`
     (missing ones: nothing); `windows`: how many windows `remote` spans (past_windows, written
-    where more than one)."""
+    where more than one). With MassiveGNN rounds, `past_round_slots`: the most slots one of them
+    would have swapped; 0 says no round was measured (at the replay's start no node had been
+    missed yet, or no slot was stale), not that rounds change nothing."""
     bad = {k: r.mechanism for k, r in rounds.items() if r.mechanism not in get_args(Mechanism)}
     if bad:
         raise ValueError(f"unknown replacement mechanism in past rounds: {bad}")
@@ -179,10 +183,12 @@ def past_fields(start: HaloBuffer, remote: list[torch.Tensor], rounds: dict[str,
     futures += [[]] * (len(remote) - len(futures))
     ahead = {k: r for k, r in rounds.items() if r.mechanism == "lookahead"}
     got = {k: _lookahead_rows(index_copy(start), remote, r, futures) for k, r in ahead.items()}
-    keep, once = _one_round_rows(start, remote[0], _Later(remote), {k: r for k, r in rounds.items() if k not in ahead})
+    one = {k: r for k, r in rounds.items() if k not in ahead}
+    keep, once, swapped = _one_round_rows(start, remote[0], _Later(remote), one)
     got.update(once)
     return {"past_minibatches": len(remote), "past_keep_fetched": keep,
             **({"past_windows": windows} if windows > 1 else {}),
+            **({"past_round_slots": swapped} if one else {}),
             **{f"past_fetched_{label}": got[label] for label in rounds}}
 
 
@@ -192,7 +198,9 @@ class PastCounterfactual:
     (it answers None or {}: nothing kept, nothing measured; None for a policy without one).
     `windows` > 1 (prefetch.past_windows): the replay starts at the start of the window
     windows - 1 before the one closing and runs over all of them (the earlier windows' index
-    copies and remote ids are kept until then; fewer at the run's first windows)."""
+    copies and remote ids are kept until then; fewer at the run's first windows, and with
+    MassiveGNN rounds never from a start before any miss: the run's first window is measured
+    alone, and the next ones from the second's start)."""
 
     def __init__(self, rounds: Callable[[], dict[str, Replace] | None] | None, windows: int = 1,
                  background: bool = False):
@@ -251,7 +259,12 @@ class PastCounterfactual:
             self._kept.clear()  # a gap: the windows before it no longer lead up to the next
             return
         copy_first, spanned = False, 1
-        if self._kept.maxlen:  # from the oldest kept window's start, over every window since
+        # a MassiveGNN round brings in missed nodes: at a start before any miss (the run's
+        # first minibatch) every such round swaps nothing, so no later window is replayed from
+        # there or before (this one alone says so: past_round_slots 0)
+        if all(r.mechanism == "massivegnn" for r in rounds.values()) and not bool((start.miss_count > 0).any()):
+            self._kept.clear()
+        elif self._kept.maxlen:  # from the oldest kept window's start, over every window since
             kept = list(self._kept)  # oldest first
             self._kept.append((start, remote, futures))  # its start is replayed by later windows
             if not kept:  # the first: this window alone, from a copy of its start (kept above)
