@@ -173,6 +173,57 @@ def test_answer_reason_and_decision_must_agree():
             assert not pat.match("x" * REASON_MAX_CHARS + conclusion(replace))  # within maxLength
 
 
+def test_a_named_round_binds_budget_and_evict():
+    """judge-history-2c: a replace's conclusion names its round (": replace small/half") and the
+    schema has one replace alternative per round whose budget and evict are that round, so the
+    fields cannot name another round than the reason (under 2b SmolLM2 wrote "best round
+    small/half ...: replace" and "evict": "stale"); Answer rejects a pair that disagrees, and
+    every example the 2c prompt shows is one of its own alternatives."""
+    from rudder.agent.history_examples import PAST_CANNED, PAST_CONTEXT
+    from rudder.agent.messages import BUDGET_SHARE, EVICT_WORDS, name_the_round
+
+    exp = {"hit_rate": "up", "remote_rows": "down"}
+    reason = "best round small/half saved 3.5%, a round pays" + conclusion(True, "small/half")
+    assert reason.endswith(": replace small/half")
+    Answer.model_validate({"reason": reason, "replace": True, "budget": "small", "evict": "half", "expected": exp})
+    for budget, evict in [("small", "stale"), ("medium", "half")]:
+        with pytest.raises(ValueError, match=f"budget {budget} and evict {evict}"):
+            Answer.model_validate({"reason": reason, "replace": True, "budget": budget, "evict": evict,
+                                   "expected": exp})
+    with pytest.raises(ValueError, match="reason must end with"):  # a named round is a replace
+        Answer.model_validate({"reason": reason, "replace": False, "budget": "small", "evict": "half",
+                               "expected": exp})
+
+    schema = answer_schema(True, False, staleness=True, name_round=True)
+    rounds = [(b, e) for b in BUDGET_SHARE for e in EVICT_WORDS]
+    replaces = [a["properties"] for a in schema["anyOf"] if a["properties"]["replace"]["const"]]
+    assert len(schema["anyOf"]) == len(rounds) + 1
+    assert sorted((p["budget"]["const"], p["evict"]["const"]) for p in replaces) == sorted(rounds)
+    for p in replaces:
+        pat = re.compile(p["reason"]["pattern"])
+        for b, e in rounds:
+            named = "a round pays" + conclusion(True, f"{b}/{e}")
+            assert bool(pat.match(named)) == ((b, e) == (p["budget"]["const"], p["evict"]["const"])), named
+        assert not pat.match("a round pays" + conclusion(True))  # the round must be named
+    with pytest.raises(ValueError, match="needs staleness"):
+        answer_schema(True, False, admission=True, name_round=True)
+
+    c = PAST_CANNED[1]
+    p2c = ContextBuilder(PAST_CONTEXT, "judge-history-2c").build(c["window"], [], c["recent"])
+    p2b = ContextBuilder(PAST_CONTEXT, "judge-history-2b").build(c["window"], [], c["recent"])
+    shown = [json.loads(m["content"]) for m in p2c.messages if m["role"] == "assistant"]
+    assert [a for a in shown if a["replace"]] and [a for a in shown if not a["replace"]]
+    for a in shown:
+        fits = [alt for alt in p2c.schema["anyOf"] if all(
+            re.match(v["pattern"], a[k]) if k == "reason" else a[k] == v.get("const", a[k]) and
+            a[k] in v.get("enum", [a[k]]) for k, v in alt["properties"].items() if k != "expected")]
+        assert len(fits) == 1, a
+        assert a["reason"].endswith(": keep" if not a["replace"] else f": replace {a['budget']}/{a['evict']}")
+    assert shown == [name_the_round(json.loads(m["content"])) for m in p2b.messages if m["role"] == "assistant"]
+    assert p2c.hash != p2b.hash and "replace <budget>/<evict>|keep" in p2c.messages[0]["content"]
+    assert len(p2b.schema["anyOf"]) == 2  # 2b unchanged: the fields free after the reason
+
+
 def test_default_variant_holds_reasons_to_the_examples_form():
     """Variant `default`: the grammar admits only the evidence form, and every example the
     prompt shows (canned and judged in hindsight) is itself in that form; `free-reason` does not."""

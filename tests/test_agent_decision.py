@@ -176,6 +176,22 @@ def test_inproc_smollm2_real_prompt(smollm):
 
 
 @pytest.mark.slow  # loads SmolLM2
+def test_inproc_smollm2_fields_follow_the_round_its_reason_names(smollm):
+    """judge-history-2c through llama.cpp's grammar (seven alternatives): on the canned window
+    where 2b's answer named large/half in its reason and wrote evict stale, the fields are the
+    round the conclusion names."""
+    from rudder.agent.history_examples import PAST_CANNED, PAST_CONTEXT
+
+    c = PAST_CANNED[1]  # best round large/half saved 8.7%: SmolLM2 replaces (greedy)
+    d = DecisionMaker(smollm, "smollm2-135m", timeout_s=300).decide(
+        ContextBuilder(PAST_CONTEXT, "judge-history-2c").build(c["window"], [], c["recent"]))
+    assert d.fallback is None, d.reason
+    ans = Answer.model_validate_json(d.raw)
+    assert ans.replace and ans.reason.endswith(f": replace {ans.budget}/{ans.evict}"), d.raw
+    assert (d.budget, d.evict) == (ans.budget, ans.evict)
+
+
+@pytest.mark.slow  # loads SmolLM2
 def test_inproc_truncated_and_late_fall_back(smollm):
     cut = DecisionMaker(smollm, "smollm2-135m", max_tokens=6, timeout_s=300).decide(short_prompt())
     assert cut.fallback == "static" and "finish_reason=length" in cut.reason and cut.raw

@@ -126,6 +126,8 @@ PINNED_PROMPTS = [
     # h18d: judge-history with the past counterfactual, its own examples, actions-only history
     (("judge-history-2",), 56, "b2bac4dad88bc28353876cca9336e3fab665f896c393649417db7627d49f057c"),
     (("judge-history-2b",), 56, "9bdfe3c680405e52522858fe6243807a5bb1a91f2cebd1b94fb2e1a2e6b863f1"),  # without own decisions
+    # 2b whose replace names its round in the conclusion, the grammar binding budget and evict to it
+    (("judge-history-2c",), 56, "f8ef005399ccbd7d4b6f6f4609b8674696ed6c09415bfa09435c44e4d804743f"),
     # h18e: 2b with its examples retrieved per window from the held-out pool (history_pool.jsonl)
     (("judge-history-3",), 56, "57b5f406e2e2c1f355739a744e26a88e7996fdb5e58f9b18a1d2ffbb7a138d55"),
     # judge with the lookahead rounds' past counterfactual (BENCHMARKS 7q)
@@ -135,7 +137,7 @@ PINNED_PROMPTS = [
 
 @pytest.mark.parametrize("variants,count,pinned", PINNED_PROMPTS,
                          ids=["five", "default", "judge", "judge-history", "judge-history-2", "judge-history-2b",
-                              "judge-history-3", "judge-past"])
+                              "judge-history-2c", "judge-history-3", "judge-past"])
 def test_prompts_are_byte_identical(variants, count, pinned):
     """Every labelled window's prompt under every variant, digested: a change to any prompt
     (text, schema or design hash) changes this digest. Re-pin only for an intended change."""

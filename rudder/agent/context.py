@@ -51,6 +51,10 @@ Prompt variants (scored by `rudder agent eval`):
                 and evict word; its own canned windows (a held-out trainer's, keep and replace
                 alternating, the reasons quoting the best round) and the run's history as its
                 actions only. judge-history-2b: the same without the run's own decisions.
+  judge-history-2c judge-history-2b whose replace names its round in the conclusion ("...: replace
+                small/half") and whose grammar binds budget and evict to it (BENCHMARKS 7zc):
+                under 2b a third of SmolLM2's replaces named one round in the reason and wrote
+                another in the fields.
   judge-history-3 judge-history-2b whose examples are retrieved per window (h18e, BENCHMARKS
                 7k): the RETRIEVE_K windows of a held-out labelled pool (history_pool.jsonl)
                 nearest to the asked window by its signals (pool_features: the past
@@ -96,6 +100,7 @@ from rudder.agent.messages import (
     budget_rows,
     budget_text,
     conclusion,
+    name_the_round,
 )
 from rudder.agent.signals import (
     LOOKAHEAD_PAST_ORDER,
@@ -136,6 +141,9 @@ class Variant:
     # (HistoryEntry.asked) with its hindsight answer, kept in blocks of this many decisions
     # (0: the newest max_examples // 2, rendered anew, as before)
     own_block: int = 0
+    # judge-history-2c: a replace's conclusion names its round (": replace small/half") and the
+    # grammar binds budget and evict to it (messages.answer_schema(name_round=True))
+    name_round: bool = False
 
 
 VARIANTS: dict[str, Variant] = {
@@ -151,6 +159,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("judge-history", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-history-2", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-history-2b", reason_first=True, examples="canned", max_examples=4),
+        Variant("judge-history-2c", reason_first=True, examples="canned", max_examples=4, name_round=True),
         Variant("judge-history-3", reason_first=True, examples="canned", max_examples=4),
         Variant("judge-past", reason_first=True, examples="canned", max_examples=3),
     ]
@@ -280,15 +289,15 @@ CANNED: list[dict[str, Any]] = [
 
 
 # ---- the judge variant (issue 18): signals, not a verdict --------------------------------------
-HISTORY_VARIANTS = {"judge-history", "judge-history-2", "judge-history-2b",
+HISTORY_VARIANTS = {"judge-history", "judge-history-2", "judge-history-2b", "judge-history-2c",
                     "judge-history-3"}  # history-only runs (no lookahead)
 # the past counterfactual shown (h18d); judge-past: judge (lookahead on) with lookahead rounds replayed
-PAST_VARIANTS = {"judge-history-2", "judge-history-2b", "judge-history-3", "judge-past"}
+PAST_VARIANTS = {"judge-history-2", "judge-history-2b", "judge-history-2c", "judge-history-3", "judge-past"}
 RETRIEVE_VARIANTS = {"judge-history-3"}  # examples retrieved per window from the held-out pool (h18e)
 # judge-history-2b: judge-history-2 without the run's own decisions ("Recent decisions: none."
 # always): under judge-history-2 Qwen-0.5B wrote "saved 9.6%, a round pays: keep" for nine
 # windows after its first keep, then "cost 1.7%, a round pays: replace" after its first replaces
-NO_OWN_HISTORY = {"judge-history-2b", "judge-history-3", "judge-past"}
+NO_OWN_HISTORY = {"judge-history-2b", "judge-history-2c", "judge-history-3", "judge-past"}
 JUDGE_VARIANTS = {"judge", "judge-past", *HISTORY_VARIANTS}
 
 JUDGE_SYSTEM = f"""\
@@ -433,9 +442,7 @@ class ContextBuilder:
         self.start_schema = answer_schema(self.variant.reason_first, self.variant.evidence_reason, measured=False)
         self.answer_text = ANSWER_REASON_FIRST if self.variant.reason_first else ANSWER_DECISION_FIRST
         self.system = SYSTEM_TEMPLATE + "\n" + self.answer_text  # constant per variant: cached
-        variant = asdict(self.variant)
-        if not variant["own_block"]:  # (the designs of the variants without it, as before)
-            del variant["own_block"]
+        variant = _design_fields(self.variant)
         design = {
             "variant": variant, "system": SYSTEM_TEMPLATE, "run": RUN_TEMPLATE,
             "schema": self.schema, "start_schema": self.start_schema, "answer": self.answer_text,
@@ -453,10 +460,12 @@ class ContextBuilder:
         self.past = self.variant.name in PAST_VARIANTS
         # judge: the lookahead round's admission; judge-history: the MassiveGNN round's stale
         # threshold (evict) instead -- admission means nothing without lookahead
-        self.schema = (answer_schema(True, False, staleness=True) if self.history_only
-                       else answer_schema(True, False, admission=True))
+        self.schema = (answer_schema(True, False, staleness=True, name_round=self.variant.name_round)
+                       if self.history_only else answer_schema(True, False, admission=True))
         self.start_schema = self.schema
         self.answer_text = JUDGE_HISTORY_ANSWER if self.history_only else JUDGE_ANSWER
+        if self.variant.name_round:
+            self.answer_text = JUDGE_HISTORY_ANSWER.replace(": replace|keep", ": replace <budget>/<evict>|keep")
         system, canned = ((JUDGE_HISTORY_SYSTEM, [HISTORY_CONTEXT, JUDGE_HISTORY_CANNED]) if self.history_only
                           else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
         if self.past:
@@ -467,7 +476,7 @@ class ContextBuilder:
             canned = [PAST_CONTEXT, pool_design()]
         self.judge_canned = canned  # [the example run's facts, its windows]: _judge_examples
         self.system = system + "\n" + self.answer_text
-        variant = {k: v for k, v in asdict(self.variant).items() if k != "own_block"}
+        variant = {k: v for k, v in _design_fields(self.variant).items() if k != "own_block"}
         design = {"variant": variant, "system": system, "run": RUN_TEMPLATE,
                   "schema": self.schema, "answer": self.answer_text, "canned": canned}
         self.hash = hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
@@ -775,8 +784,8 @@ class ContextBuilder:
             cb = ContextBuilder(cctx, self.variant.name, self.history_k)
             head = "Same run.\n" if cctx == prev_ctx else cb.static_text() + "\n"
             prev_ctx = cctx
-            out.append((head + cb.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]),
-                        e["answer"]))
+            answer = name_the_round(e["answer"]) if self.variant.name_round else e["answer"]
+            out.append((head + cb.render_history([]) + "\n" + cb.render_window(e["window"], e["recent"]), answer))
         return out
 
     def retrieved_examples(self, window: dict, recent: Iterable[float | dict] = ()) -> list[dict]:
@@ -802,6 +811,16 @@ class ContextBuilder:
         msgs.append({"role": "user", "content": self._head(own == 0) + asked})
         schema = self.start_schema if window.get("window") == START_WINDOW else self.schema
         return Prompt(msgs, schema, self.hash, self.variant.name, asked, window.get("window"))
+
+
+def _design_fields(variant: Variant) -> dict:
+    """The variant's fields in its prompt hash, less the later ones it leaves off (own_block,
+    name_round): the designs of the variants without them hash as before."""
+    d = asdict(variant)
+    for k in ("own_block", "name_round"):
+        if not d[k]:
+            del d[k]
+    return d
 
 
 def _ordered(answer: dict, reason_first: bool) -> dict:

@@ -68,9 +68,21 @@ class Expected(BaseModel):
     remote_rows: Direction = Field(description="predicted change of rows fetched over the network")
 
 
-def conclusion(replace: bool) -> str:
-    """How a reason must end: its conclusion, which the `replace` field then states as data."""
-    return ": replace" if replace else ": keep"
+def conclusion(replace: bool, round_: str | None = None) -> str:
+    """How a reason must end: its conclusion, which the `replace` field then states as data.
+    round_ ("<budget>/<evict>"): a replace that names its round (answer_schema(name_round=True))."""
+    if not replace:
+        return ": keep"
+    return f": replace {round_}" if round_ else ": replace"
+
+
+def name_the_round(answer: dict) -> dict:
+    """The answer with a replace's conclusion naming its round (": replace large/half"): the
+    examples of a variant whose grammar binds budget and evict to that conclusion."""
+    if not answer["replace"]:
+        return answer
+    head = answer["reason"].removesuffix(conclusion(True))
+    return {**answer, "reason": head + conclusion(True, f"{answer['budget']}/{answer['evict']}")}
 
 
 class Answer(BaseModel):
@@ -78,7 +90,8 @@ class Answer(BaseModel):
     The reason ends with its conclusion (": replace" / ": keep"), and `replace` must agree with
     it: a small model otherwise sometimes writes "much missing ahead: replace" and then
     "replace": false. The grammar makes the two agree as the model writes (answer_schema); this
-    check catches a server that ignores the schema."""
+    check catches a server that ignores the schema. A replace may name its round in the
+    conclusion (": replace small/half"); then budget and evict must be that round."""
 
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(max_length=REASON_MAX_CHARS, description="one short sentence ending in its conclusion")
@@ -92,9 +105,11 @@ class Answer(BaseModel):
 
     @model_validator(mode="after")
     def _reason_concludes_the_decision(self) -> "Answer":
-        if not self.reason.endswith(conclusion(self.replace)):
-            raise ValueError(f"reason must end with {conclusion(self.replace)!r} when replace is "
-                             f"{str(self.replace).lower()}: {self.reason!r}")
+        named = conclusion(True, f"{self.budget}/{self.evict}") if self.replace and self.evict else None
+        if not (self.reason.endswith(conclusion(self.replace)) or (named and self.reason.endswith(named))):
+            raise ValueError(f"reason must end with {named or conclusion(self.replace)!r} when replace is "
+                             f"{str(self.replace).lower()}" + (f", budget {self.budget} and evict {self.evict}"
+                                                                if named else "") + f": {self.reason!r}")
         return self
 
 
@@ -106,7 +121,7 @@ EVIDENCE_PATTERN = EVIDENCE_TREND + EVIDENCE_LOOKAHEAD
 
 
 def answer_schema(reason_first: bool = True, evidence_reason: bool = False, measured: bool = True,
-                  admission: bool = False, staleness: bool = False) -> dict[str, Any]:
+                  admission: bool = False, staleness: bool = False, name_round: bool = False) -> dict[str, Any]:
     """JSON schema of Answer, properties in generation order (llama.cpp's grammar follows it).
     reason_first lets the model write its reasoning before it commits to the decision.
     Two alternatives, one per decision: the reason's closing words fix `replace` (reason first),
@@ -117,7 +132,14 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
     the model cannot state a trend it has not seen.
     admission: the answer also chooses `admit` (misses|any), after the budget.
     staleness: the answer also chooses `evict` (stale|half: which slots a history-only round
-    may take), after the budget (and admit)."""
+    may take), after the budget (and admit).
+    name_round (with staleness): a replace's conclusion names its round (": replace small/half")
+    and budget and evict are then that round: one alternative per round, as `replace` is bound
+    to the conclusion. Without it a small model wrote "best round small/half saved 3.5%, a round
+    pays: replace" and then "evict": "stale" (a third of SmolLM2's replaces, BENCHMARKS 7zc)."""
+    if name_round and not (staleness and reason_first):
+        raise ValueError("name_round binds budget and evict to a reason written first: it needs "
+                         "staleness and reason_first")
     direction = {"type": "string", "enum": ["up", "down", "flat"]}
     order = ["reason", "replace", "budget", "expected"]
     if not reason_first:
@@ -131,9 +153,11 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
     evidence = EVIDENCE_PATTERN if measured else EVIDENCE_LOOKAHEAD
     head = evidence if evidence_reason else f'[^"\\\\\\n\\r\\t]{{0,{REASON_HEAD_CHARS}}}'
     alternatives = []
-    for replace in (True, False):
+    rounds = [(b, e) for b in BUDGET_SHARE for e in EVICT_WORDS] if name_round else [None]
+    for replace, rnd in [(True, r) for r in rounds] + [(False, None)]:
         props: dict[str, Any] = {
-            "reason": {"type": "string", "pattern": f"^{head}{conclusion(replace)}$"},
+            "reason": {"type": "string",
+                       "pattern": f"^{head}{conclusion(replace, rnd and '/'.join(rnd))}$"},
             "replace": {"type": "boolean", "const": replace},
             "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
             "admit": {"type": "string", "enum": ["misses", "any"]},
@@ -145,6 +169,8 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
                 "additionalProperties": False,
             },
         }
+        if rnd:
+            props["budget"], props["evict"] = ({"type": "string", "const": w} for w in rnd)
         alternatives.append({
             "type": "object",
             "properties": {k: props[k] for k in order},
