@@ -298,6 +298,13 @@ def preflight(cfg: RunConfig, probe: bool = True) -> list[str]:
     except ValueError as exc:
         problems.append(f"dataset.name: {exc}")
     pol = cfg.prefetch.policy
+    if pol == "agent":
+        from rudder.agent.context import get_variant
+
+        try:  # every trainer builds its prompts from it (a bad name would fail them all, later)
+            get_variant(cfg.agent.prompt)
+        except ValueError as exc:
+            problems.append(f"agent.prompt: {exc}")
     if pol == "agent" and (cfg.agent.backend == "inproc" or agent_service_argv(cfg)):
         from rudder.agent.models import ModelError, resolve_model
 

@@ -89,6 +89,7 @@ def test_cluster_progress_timeout_config():
     (["train=5"], "train"),
     (["train.fanouts=[]"], "train.fanouts"),
     (["prefetch.policy=agent", "agent.model.path=/nonexistent/m.gguf"], "agent.model"),
+    (["prefetch.policy=agent", "agent.prompt=judge-histroy-2b"], "unknown prompt variant 'judge-histroy-2b'"),
     (["prefetch.policy=classifier:nope"], "classifier"),
     (["prefetch.policy=classifier:../../etc/x"], "classifier model name"),
     (["dataset.name=no-such-data"], "unknown dataset 'no-such-data'"),
