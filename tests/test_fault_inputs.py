@@ -90,6 +90,7 @@ def test_cluster_progress_timeout_config():
     (["train.fanouts=[]"], "train.fanouts"),
     (["prefetch.policy=agent", "agent.model.path=/nonexistent/m.gguf"], "agent.model"),
     (["prefetch.policy=agent", "agent.prompt=judge-histroy-2b"], "unknown prompt variant 'judge-histroy-2b'"),
+    (["prefetch.policy=agent", "agent.model.chat_format=chatmlx"], "unknown chat_format 'chatmlx'"),
     (["prefetch.policy=classifier:nope"], "classifier"),
     (["prefetch.policy=classifier:../../etc/x"], "classifier model name"),
     (["dataset.name=no-such-data"], "unknown dataset 'no-such-data'"),

@@ -165,8 +165,26 @@ def resolve(name: str, path: str | None = None, verify: bool = True) -> Path:
 
 
 def resolve_model(cfg: "ModelConfig", verify: bool = True) -> Path:
-    """The GGUF path for an agent.model config section."""
+    """The GGUF path for an agent.model config section (its chat_format checked too: llama.cpp
+    would reject an unknown one only when a trainer loads the model)."""
+    check_chat_format(cfg.chat_format)
     return resolve(cfg.name, cfg.path, verify)
+
+
+def check_chat_format(name: str | None) -> None:
+    """ModelError unless `name` is None (the GGUF's own template) or a chat format llama.cpp
+    knows; nothing to check where llama-cpp-python is not installed."""
+    if name is None:
+        return
+    try:
+        from llama_cpp import llama_chat_format
+    except ImportError:
+        return
+    try:
+        llama_chat_format.LlamaChatCompletionHandlerRegistry().get_chat_completion_handler_by_name(name)
+    except Exception as exc:  # llama.cpp's own "not found" exception, which names the valid ones
+        raise ModelError(f"unknown chat_format {name!r} ({exc}); leave it unset to use the "
+                         "template stored in the GGUF") from None
 
 
 def assemble(parts: list[Path], out: Path, sha256: str | None) -> Path:
