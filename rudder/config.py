@@ -116,6 +116,8 @@ class TrainConfig(Strict):
 # Policy names, known here without importing the registry (rudder.prefetch.policies has one
 # entry per name; a test checks the two agree).
 POLICY_NAMES = ("none", "static", "fixed", "lookahead", "agent", "classifier", "collect", "rule")
+# the policies whose name takes an argument after ':' (make_policy hands it to them)
+ARG_POLICIES = {"classifier": "classifier:<name>", "collect": "collect:<every N windows>"}
 # Policies whose runs sample minibatches ahead (prefetch.lookahead deep) for the lookahead round.
 LOOKAHEAD_POLICIES = ("lookahead", "agent", "classifier", "collect", "rule")
 
@@ -138,6 +140,9 @@ def check_policy_name(name: str) -> None:
         )
     if base == "classifier" and ":" not in name:
         raise ValueError("policy 'classifier' needs a model name: classifier:<name>")
+    if ":" in name and base not in ARG_POLICIES:  # make_policy would drop the argument unread
+        raise ValueError(f"policy {name!r}: only {' and '.join(ARG_POLICIES.values())} take a ':' "
+                         f"argument; {base}'s knobs are prefetch settings (e.g. prefetch.period for fixed)")
 
 
 # sample_ahead with prefetch.schedule_ahead: more than any epoch's minibatches. The loader and the

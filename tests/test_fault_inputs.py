@@ -92,6 +92,7 @@ def test_cluster_progress_timeout_config():
     (["prefetch.policy=agent", "agent.prompt=judge-histroy-2b"], "unknown prompt variant 'judge-histroy-2b'"),
     (["prefetch.policy=agent", "agent.model.chat_format=chatmlx"], "unknown chat_format 'chatmlx'"),
     (["prefetch.policy=classifier:nope"], "classifier"),
+    (["prefetch.policy=fixed:50"], "policy 'fixed:50': only classifier:<name> and collect"),
     (["prefetch.policy=classifier:../../etc/x"], "classifier model name"),
     (["dataset.name=no-such-data"], "unknown dataset 'no-such-data'"),
     (["train.epochz=1"], "valid keys here"),
