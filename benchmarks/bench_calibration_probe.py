@@ -135,7 +135,7 @@ def probe_order(probe: Probe, windows: list[dict], order: list[int], decision_fi
                 twin: bool = True) -> list[dict]:
     from bench_cf_suite_past import reorder_canned
 
-    from rudder.agent import context
+    from rudder.agent import context, prompt_texts
     from rudder.agent.history_examples import PAST_CANNED
 
     shipped_examples, shipped_variant = list(PAST_CANNED), context.VARIANTS["judge-history-2b"]
@@ -150,8 +150,8 @@ def probe_order(probe: Probe, windows: list[dict], order: list[int], decision_fi
                 rec["window"], [], rec.get("recent") or [])
             msgs = [dict(m) for m in prompt.messages]
             if decision_first:
-                assert context.JUDGE_HISTORY_ANSWER in msgs[0]["content"]
-                msgs[0]["content"] = msgs[0]["content"].replace(context.JUDGE_HISTORY_ANSWER, DECISION_FIRST_ANSWER)
+                assert prompt_texts.JUDGE_HISTORY_ANSWER in msgs[0]["content"]
+                msgs[0]["content"] = msgs[0]["content"].replace(prompt_texts.JUDGE_HISTORY_ANSWER, DECISION_FIRST_ANSWER)
             masked = [*msgs[:-1], {**msgs[-1], "content": NUMBER.sub("n/a", msgs[-1]["content"])}]
             rows.append({"source": rec["source"], "label": bool(rec["label_replace"]),
                          "margin": probe.margin(msgs), "margin_content_free": probe.margin(masked) if twin else None})

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from rudder.agent.context import CANNED_CONTEXT, ContextBuilder
+from rudder.agent.context import ContextBuilder
+from rudder.agent.prompt_texts import CANNED_CONTEXT
 from rudder.agent.decision import DecisionMaker
 from rudder.agent.messages import Answer, Decision, HistoryEntry, answer_schema
 from rudder.agent.policy import AgentPolicy

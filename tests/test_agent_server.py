@@ -10,7 +10,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from rudder.agent.context import CANNED, CANNED_CONTEXT, ContextBuilder
+from rudder.agent.context import ContextBuilder
+from rudder.agent.prompt_texts import CANNED, CANNED_CONTEXT
 from rudder.agent.decision import BackendError, DecisionMaker, HttpBackend
 from rudder.agent.messages import Answer
 from rudder.agent.models import resolve

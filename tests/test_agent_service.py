@@ -143,7 +143,7 @@ def test_server_reads_only_the_new_part_of_each_trainers_prompt(service):
     text and canned examples come from the server's KV cache; it reads only the rest."""
     import re
 
-    from rudder.agent.context import CANNED, CANNED_CONTEXT
+    from rudder.agent.prompt_texts import CANNED, CANNED_CONTEXT
     from rudder.agent.decision import warm_prompt
 
     m = DecisionMaker(HttpBackend(service.url, model="smollm2-135m"), "smollm2-135m", timeout_s=300)

@@ -12,7 +12,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rudder.agent.context import CANNED_CONTEXT, ContextBuilder
+from rudder.agent.context import ContextBuilder
+from rudder.agent.prompt_texts import CANNED_CONTEXT
 from rudder.agent.hindsight import _Forks, collect_run, judge_run
 from rudder.agent.history_examples import HISTORY_CONTEXT
 from rudder.agent.messages import EVICT_WORDS, Answer, Decision

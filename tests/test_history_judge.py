@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rudder.agent.context import CANNED_CONTEXT, ContextBuilder
+from rudder.agent.context import ContextBuilder
+from rudder.agent.prompt_texts import CANNED_CONTEXT
 from rudder.agent.history_examples import HISTORY_CONTEXT, JUDGE_HISTORY_CANNED
 from rudder.agent.messages import Answer
 from rudder.agent.signals import window_signals

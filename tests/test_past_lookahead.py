@@ -10,7 +10,8 @@ import json
 import jsonschema
 import pytest
 
-from rudder.agent.context import CANNED_CONTEXT, JUDGE_PAST_CANNED, ContextBuilder
+from rudder.agent.context import ContextBuilder
+from rudder.agent.prompt_texts import CANNED_CONTEXT, JUDGE_PAST_CANNED
 from rudder.agent.messages import Answer
 from rudder.agent.signals import past_counterfactual, past_line
 from rudder.agent.steering import past_rounds

@@ -13,7 +13,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from rudder.agent.context import PAST_SYSTEM, ContextBuilder
+from rudder.agent.context import ContextBuilder
+from rudder.agent.prompt_texts import PAST_SYSTEM
 from rudder.agent.history_examples import (
     PAST_CANNED,
     PAST_CONTEXT,

@@ -369,7 +369,8 @@ class DecisionMaker:
 
 def warm_prompt(variant: str = "default") -> Prompt:
     """A prompt whose prefix (system + canned examples) every real prompt of `variant` shares."""
-    from rudder.agent.context import CANNED, CANNED_CONTEXT, ContextBuilder
+    from rudder.agent.context import ContextBuilder
+    from rudder.agent.prompt_texts import CANNED, CANNED_CONTEXT
 
     return ContextBuilder(CANNED_CONTEXT, variant).build(CANNED[0]["window"], [], CANNED[0]["recent"])
 
