@@ -53,7 +53,7 @@ Prompt variants (scored by `rudder agent eval`):
                 actions only. judge-history-2b: the same without the run's own decisions.
   judge-history-2c judge-history-2b whose replace names its round in the conclusion ("...: replace
                 small/half") and whose grammar binds budget and evict to it (BENCHMARKS 7zc):
-                under 2b a third of SmolLM2's replaces named one round in the reason and wrote
+                under 2b up to a third of SmolLM2's replaces named one round in the reason and wrote
                 another in the fields.
   judge-history-3 judge-history-2b whose examples are retrieved per window (h18e, BENCHMARKS
                 7k): the RETRIEVE_K windows of a held-out labelled pool (history_pool.jsonl)

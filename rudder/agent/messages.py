@@ -136,7 +136,7 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
     name_round (with staleness): a replace's conclusion names its round (": replace small/half")
     and budget and evict are then that round: one alternative per round, as `replace` is bound
     to the conclusion. Without it a small model wrote "best round small/half saved 3.5%, a round
-    pays: replace" and then "evict": "stale" (a third of SmolLM2's replaces, BENCHMARKS 7zc)."""
+    pays: replace" and then "evict": "stale" (6-8 of 24-32 SmolLM2 replaces, BENCHMARKS 7zc)."""
     if name_round and not (staleness and reason_first):
         raise ValueError("name_round binds budget and evict to a reason written first: it needs "
                          "staleness and reason_first")
