@@ -408,3 +408,14 @@ def test_rudder_collect_marks_a_dead_owners_run_interrupted(tmp_path):
     cli("collect", str(tmp_path / "runs"), "--db", str(tmp_path / "r.duckdb"))
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "failed" and info["reason"].startswith("interrupted")
+
+
+@pytest.mark.parametrize("sub,value,needle", [("judge", "0", "at least 1 window"),
+                                              ("judge", "-2", "at least 1 window"),
+                                              ("label", "two", "not a whole number of windows")])
+def test_a_horizon_under_one_window_is_refused(tmp_path, sub, value, needle):
+    """`rudder agent judge|label --horizon`: 0 windows would judge every decision neutral (it
+    ran, and printed a Pass@1); the parser refuses it before any run is read."""
+    r = cli("agent", sub, "--horizon", value, str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "argument --horizon" in r.stderr and needle in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -25,6 +25,18 @@ def _json_arg(value: str | None):
     return json.loads(Path(v).read_text())
 
 
+def _horizon(value: str) -> int:
+    """--horizon: a whole number of windows, at least 1 (0 windows judge nothing: every decision
+    would read neutral)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of windows") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1 window is needed (default 2)")
+    return n
+
+
 def _models(args) -> int:
     from rudder.agent.models import main as models_main
 
@@ -169,7 +181,7 @@ def register(subparsers) -> None:
     q = sub.add_parser("label", help="labelled windows from a finished run's records")
     q.add_argument("run_dir")
     q.add_argument("-o", "--output", default=None)
-    q.add_argument("--horizon", type=int, default=2)
+    q.add_argument("--horizon", type=_horizon, default=2)
     q.add_argument("--check", action="store_true",
                    help="replayed runs: check each label against the counterfactual (both "
                         "branches replayed from the same buffer state; rudder.agent.hindsight)")
@@ -184,7 +196,7 @@ def register(subparsers) -> None:
     q = sub.add_parser("judge", help="judge a simulated run's decisions against their "
                        "counterfactual (sets correct_cf, cf_rows_saved, cf_replace_share)")
     q.add_argument("run_dir", nargs="+")
-    q.add_argument("--horizon", type=int, default=2,
+    q.add_argument("--horizon", type=_horizon, default=2,
                    help="windows replayed after each decision (default 2). A round whose rows pay "
                         "back over more windows is judged a cost over fewer: on the 1M-node "
                         "synth-bench rounds pay back over 4-8 windows (BENCHMARKS 7z), so judge "
