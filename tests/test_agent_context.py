@@ -183,7 +183,7 @@ def test_a_named_round_binds_budget_and_evict():
     from rudder.agent.messages import BUDGET_SHARE, EVICT_WORDS, name_the_round
 
     exp = {"hit_rate": "up", "remote_rows": "down"}
-    reason = "best round small/half saved 3.5%, a round pays" + conclusion(True, "small/half")
+    reason = "best round small/half saved 3.5%, a round pays" + conclusion(True, ("small", "half"))
     assert reason.endswith(": replace small/half")
     Answer.model_validate({"reason": reason, "replace": True, "budget": "small", "evict": "half", "expected": exp})
     for budget, evict in [("small", "stale"), ("medium", "half")]:
@@ -202,7 +202,7 @@ def test_a_named_round_binds_budget_and_evict():
     for p in replaces:
         pat = re.compile(p["reason"]["pattern"])
         for b, e in rounds:
-            named = "a round pays" + conclusion(True, f"{b}/{e}")
+            named = "a round pays" + conclusion(True, (b, e))
             assert bool(pat.match(named)) == ((b, e) == (p["budget"]["const"], p["evict"]["const"])), named
         assert not pat.match("a round pays" + conclusion(True))  # the round must be named
     with pytest.raises(ValueError, match="needs staleness"):

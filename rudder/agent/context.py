@@ -110,6 +110,7 @@ from rudder.agent.prompt_texts import (
     JUDGE_ANSWER,
     JUDGE_CANNED,
     JUDGE_HISTORY_ANSWER,
+    JUDGE_HISTORY_NAMED_ANSWER,
     JUDGE_HISTORY_SYSTEM,
     JUDGE_PAST_CANNED,
     JUDGE_PAST_SYSTEM,
@@ -258,7 +259,7 @@ class ContextBuilder:
         self.start_schema = self.schema
         self.answer_text = JUDGE_HISTORY_ANSWER if self.history_only else JUDGE_ANSWER
         if self.variant.name_round:
-            self.answer_text = JUDGE_HISTORY_ANSWER.replace(": replace|keep", ": replace <budget>/<evict>|keep")
+            self.answer_text = JUDGE_HISTORY_NAMED_ANSWER
         system, canned = ((JUDGE_HISTORY_SYSTEM, [HISTORY_CONTEXT, JUDGE_HISTORY_CANNED]) if self.history_only
                           else (JUDGE_SYSTEM, [CANNED_CONTEXT, JUDGE_CANNED]))
         if self.past:

@@ -68,12 +68,13 @@ class Expected(BaseModel):
     remote_rows: Direction = Field(description="predicted change of rows fetched over the network")
 
 
-def conclusion(replace: bool, round_: str | None = None) -> str:
+def conclusion(replace: bool, round_: tuple[str, str] | None = None) -> str:
     """How a reason must end: its conclusion, which the `replace` field then states as data.
-    round_ ("<budget>/<evict>"): a replace that names its round (answer_schema(name_round=True))."""
+    round_ (budget, evict): a replace that names its round, ": replace <budget>/<evict>"
+    (answer_schema(name_round=True))."""
     if not replace:
         return ": keep"
-    return f": replace {round_}" if round_ else ": replace"
+    return f": replace {'/'.join(round_)}" if round_ else ": replace"
 
 
 def name_the_round(answer: dict) -> dict:
@@ -82,7 +83,7 @@ def name_the_round(answer: dict) -> dict:
     if not answer["replace"]:
         return answer
     head = answer["reason"].removesuffix(conclusion(True))
-    return {**answer, "reason": head + conclusion(True, f"{answer['budget']}/{answer['evict']}")}
+    return {**answer, "reason": head + conclusion(True, (answer["budget"], answer["evict"]))}
 
 
 class Answer(BaseModel):
@@ -105,7 +106,7 @@ class Answer(BaseModel):
 
     @model_validator(mode="after")
     def _reason_concludes_the_decision(self) -> "Answer":
-        named = conclusion(True, f"{self.budget}/{self.evict}") if self.replace and self.evict else None
+        named = conclusion(True, (self.budget, self.evict)) if self.replace and self.evict else None
         if not (self.reason.endswith(conclusion(self.replace)) or (named and self.reason.endswith(named))):
             raise ValueError(f"reason must end with {named or conclusion(self.replace)!r} when replace is "
                              f"{str(self.replace).lower()}" + (f", budget {self.budget} and evict {self.evict}"
@@ -157,7 +158,7 @@ def answer_schema(reason_first: bool = True, evidence_reason: bool = False, meas
     for replace, rnd in [(True, r) for r in rounds] + [(False, None)]:
         props: dict[str, Any] = {
             "reason": {"type": "string",
-                       "pattern": f"^{head}{conclusion(replace, rnd and '/'.join(rnd))}$"},
+                       "pattern": f"^{head}{conclusion(replace, rnd)}$"},
             "replace": {"type": "boolean", "const": replace},
             "budget": {"type": "string", "enum": list(BUDGET_SHARE)},
             "admit": {"type": "string", "enum": ["misses", "any"]},

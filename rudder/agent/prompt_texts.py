@@ -223,6 +223,8 @@ Answer with one JSON object; "remote_rows" in it means fetched rows:"""
 JUDGE_HISTORY_ANSWER = ('{"reason": "<the signals you weigh>: replace|keep", "replace": true|false, '
                         '"budget": "small"|"medium"|"large", "evict": "stale"|"half", '
                         '"expected": {"hit_rate": "up"|"down"|"flat", "remote_rows": "up"|"down"|"flat"}}')
+# judge-history-2c: a replace names its round in the conclusion (answer_schema(name_round=True))
+JUDGE_HISTORY_NAMED_ANSWER = JUDGE_HISTORY_ANSWER.replace(": replace|keep", ": replace <budget>/<evict>|keep")
 
 # ---- judge-history-2 (h18d): the past counterfactual, measured ------------------------------
 # judge-history's windows plus one measured past fact: the window just closed, replayed from the
