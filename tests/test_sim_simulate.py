@@ -200,6 +200,10 @@ def test_sim_cli(tmp_path, trace, capsys):
     traces, source = load_source(src)
     assert list(traces) == [0] and source["run_id"] == "r1"
     assert main(["sim", str(src), "-p", "nope", "--no-write"]) == 2
+    capsys.readouterr()
+    assert main(["sim", str(src), "-p", "static", "--capacity", "-1", "--no-write"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "capacity -1 must be in [0, " in err  # the error alone, no table's header
 
 
 def test_sim_cli_shows_what_caches_evict(tmp_path, trace, capsys):

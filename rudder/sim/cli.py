@@ -30,8 +30,8 @@ def register(sub) -> None:
     )
     p.add_argument("source", type=Path, help="a run directory (its trace-r<R>.npz) or one trace file")
     p.add_argument("-p", "--policy", action="append", default=None, metavar="NAME",
-                   help="none | static | fixed[:PERIOD[:ALPHA]] | lookahead[:DEPTH[:BUDGET[:ADMIT]]] | agent | "
-                        "classifier:NAME | lru | lfu | s3fifo | sieve | belady; comma lists make a grid "
+                   help="none | static | fixed[:PERIOD[:ALPHA[:EVICT]]] | lookahead[:DEPTH[:BUDGET[:ADMIT]]] | agent | "
+                        "rule | classifier:NAME | collect:N | lru | lfu | s3fifo | sieve | belady; comma lists make a grid "
                         "(fixed:10,25); repeatable (default: " + ", ".join(DEFAULT_POLICIES) + ")")
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity", type=int, default=None, help="buffer rows (default: the trace's)")
@@ -124,9 +124,7 @@ def main_sim(args) -> int:
     specs = [s for p in (args.policy or DEFAULT_POLICIES) for s in expand_grid(p)]
     base_pf = _source_prefetch(source)
     parsed = [parse_policy(s, base_pf) for s in specs]  # fail on a bad name before any replay
-    if not args.json:
-        print(f"{'policy':<22} {'rank':>4} {'capacity':>8} {'hit%':>6} {'fetched% of none':>17} "
-              f"{'admitted':>9} {'extra':>7} {'decisions':>9} {'Maccesses/s':>12}")
+    header = not args.json  # printed with the first row: a bad capacity fails before any table
     for spec in parsed:
         results = []
         for rank, trace in traces.items():
@@ -148,6 +146,10 @@ def main_sim(args) -> int:
             if args.json:
                 print(json.dumps(s))
             else:
+                if header:
+                    print(f"{'policy':<22} {'rank':>4} {'capacity':>8} {'hit%':>6} {'fetched% of none':>17} "
+                          f"{'admitted':>9} {'extra':>7} {'decisions':>9} {'Maccesses/s':>12}")
+                    header = False
                 print(f"{spec.spec:<22} {rank:>4} {s['capacity']:>8} {100 * s['hit_rate']:>6.1f} "
                       f"{100 * s['fetched_frac']:>17.1f} {s['admitted_rows']:>9} {s['replaced_rows']:>7} "
                       f"{s['decisions']:>9} "
