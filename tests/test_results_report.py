@@ -272,3 +272,31 @@ def test_report_on_an_empty_database(tmp_path):
 def test_report_needs_a_database(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results database"):
         write_report(tmp_path / "missing.duckdb", tmp_path / "report")
+
+
+def _point(policy, epoch_ratio, rows_ratio, runs=1):
+    return {"dataset": "g", "machines": 2, "policy": policy, "simulated": False, "bandwidth": None,
+            "runs": runs, "epoch_s": 10 * epoch_ratio, "epoch_ratio": epoch_ratio,
+            "rows_ratio": rows_ratio, "speedup": 1 / epoch_ratio, "fetched_rows_per_epoch": 1000,
+            "hit_pct": 50.0, "bound_s": None, "epoch_over_bound": None}
+
+
+@pytest.mark.parametrize("second, tie", [(0.515, True), (0.53, False)])
+def test_the_short_answer_calls_no_winner_within_the_noise(second, tie):
+    """The fastest policy is named; one within TIE_MARGIN of its epoch is named beside it, with
+    the runs each had, as no clear winner (the study's agent and lookahead, 0.49 vs 0.52)."""
+    import pandas as pd
+
+    from rudder.results.report import TIE_MARGIN, answer_lines
+
+    vs = pd.DataFrame([_point("none", 1.0, 1.0), _point("agent", 0.493, 0.435),
+                       _point("lookahead", second, 0.435, runs=3), _point("fixed", 0.71, 0.67)])
+    (short,) = [ln for ln in answer_lines(vs, pd.DataFrame(), pd.DataFrame()) if "In short" in ln]
+    assert "was **agent** at 2 machines on g: 0.43× the rows fetched and 0.49× the epoch" in short
+    assert (second <= 0.493 * (1 + TIE_MARGIN)) == tie
+    if tie:
+        assert ("Within 5% of it there: **lookahead** (0.52× the epoch, 0.43× the rows); from 1 run "
+                "each" in short and "no clear winner" in short), short
+    else:
+        assert "lookahead" not in short and "winner" not in short, short
+    assert "fixed" not in short
