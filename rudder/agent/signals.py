@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from rudder.agent.messages import ADMITS, BUDGET_SHARE, budget_rows
+from rudder.agent.messages import ADMITS, BUDGET_SHARE, EVICT_WORDS, budget_rows
 from rudder.records import HIT_TOL, direction
 
 # Below this share of capacity missing ahead, a lookahead round has little to admit (the rule of
@@ -20,7 +20,7 @@ TREND_WINDOWS = 4  # the hit-rate trend: least-squares slope over this many wind
 
 # the past counterfactual's rounds: MassiveGNN rounds (budget x evict), lookahead rounds (budget x admit)
 LOOKAHEAD_PAST_ORDER = [(b, a) for a in ADMITS for b in BUDGET_SHARE]
-PAST_ORDER = [(b, e) for e in ("stale", "half") for b in ("small", "medium", "large")]
+PAST_ORDER = [(b, e) for e in EVICT_WORDS for b in BUDGET_SHARE]
 # the labels of Policy.past_rounds (rudder.agent.steering.past_rounds): MassiveGNN, then lookahead
 PAST_LABELS = [f"{b}_{x}" for b, x in PAST_ORDER + LOOKAHEAD_PAST_ORDER]
 
