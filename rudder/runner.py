@@ -183,7 +183,31 @@ def execute_run(cfg: RunConfig, run_id: str | None = None, study: str | None = N
                     devices={r: c.get("extra", {}).get("device") for r, c in contexts.items()})
     (log.info if ok else log.error)("run %s %s%s", run_id, "complete" if ok else "failed",
                                     f": {reason}" if reason else "")
+    if ok:
+        judge_decisions(run_dir)
     return RunResult(run_id, run_dir, ok, reason or "")
+
+
+def judge_decisions(run_dir: Path) -> dict | None:
+    """A complete run's decisions (agent, classifier, rule, collector) judged against their
+    counterfactual on its own traces (`rudder agent judge`, default horizon), so its records,
+    the store and the report carry correct_cf, not only the noisy before/after `correct`.
+    Recorded in run.json as `judge`; a failure is recorded there too and never fails the run."""
+    from rudder.agent.hindsight import HORIZON, judge_run, summarize
+
+    if not any(p.stat().st_size for p in run_dir.glob("decisions-r*.jsonl")):
+        return None  # a policy that decides nothing
+    t0 = time.time()
+    try:  # e.g. prefetch.record_trace off: the judge names the missing trace
+        by_rank = judge_run(run_dir, horizon=HORIZON)
+        s = summarize([d for recs in by_rank.values() for d in recs])
+        out = {"horizon": HORIZON, "judged": s["judged"], "decisions": s["decisions"],
+               "pass_at_1_cf": list(s["pass_at_1_cf"]), "s": round(time.time() - t0, 3)}
+    except Exception as exc:  # noqa: BLE001 - the run's own records stand without the judge
+        log.warning("run %s: its decisions were not judged: %s", run_dir.name, exc)
+        out = {"horizon": HORIZON, "error": str(exc)}
+    update_run_json(run_dir, judge=out)
+    return out
 
 
 def trainer_cpus(node_service: dict | None) -> list[int] | None:

@@ -131,6 +131,7 @@ def test_a_real_run_answers_from_each_trainers_script(tmp_path):
     })
     res = execute_run(cfg)
     assert res.ok, res.reason
+    n_judged = 0
     for r in (0, 1):
         decisions = sorted(read_jsonl(res.run_dir / f"decisions-r{r}.jsonl"), key=lambda d: d["window"])
         windows = read_jsonl(res.run_dir / f"windows-r{r}.jsonl")
@@ -142,3 +143,9 @@ def test_a_real_run_answers_from_each_trainers_script(tmp_path):
         replaced = [w["replaced_rows"] for w in windows]
         assert replaced[r + 1] > 0 and sum(replaced) == replaced[r + 1]
         assert all(w["t_past_cf"] > 0 for w in windows)
+        # the run judged its answers as it completed (runner.judge_decisions); fallbacks are not
+        judged = [d for d in decisions if d["cf_rows_saved"] is not None]
+        assert decisions[r]["replace"] and decisions[r] in judged
+        assert all(d["fallback"] is None for d in judged)
+        n_judged += len(judged)
+    assert json.loads((res.run_dir / "run.json").read_text())["judge"]["judged"] == n_judged

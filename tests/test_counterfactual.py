@@ -220,3 +220,37 @@ def test_cli_judges_and_prints_the_balance(built, capsys):
             f"counterfactual {cc}/{cn}") in out
     assert s["saves"] >= 1 and s["judged"] == s["saves"] + s["costs"] + s["neutral"]
     assert main(["agent", "judge", str(run.parent / "nowhere")]) == 2  # a clear error, no traceback
+
+
+def test_a_complete_run_judges_its_own_decisions(tmp_path, random_runs):
+    """runner.judge_decisions (called as a run completes): the decisions get the judge's fields
+    and run.json a `judge` summary; without traces the reason is recorded and the decisions are
+    left as they were; a run that decided nothing gets no `judge`."""
+    import json
+    import shutil
+
+    from rudder.agent.hindsight import HORIZON
+    from rudder.runner import judge_decisions
+
+    src = random_runs[1]
+    want = read_jsonl(src / "decisions-r0.jsonl")  # judged when collected
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    blank = [{**d, "cf_rows_saved": None, "cf_replace_share": None, "correct_cf": None} for d in want]
+    (run / "decisions-r0.jsonl").write_text("".join(json.dumps(d) + "\n" for d in blank))
+    out = judge_decisions(run)
+    assert read_jsonl(run / "decisions-r0.jsonl") == want
+    s = summarize(want)
+    assert out["judged"] == s["judged"] > 0 and tuple(out["pass_at_1_cf"]) == s["pass_at_1_cf"]
+    assert json.loads((run / "run.json").read_text())["judge"] == {**out, "horizon": HORIZON}
+
+    (run / "decisions-r0.jsonl").write_text("".join(json.dumps(d) + "\n" for d in blank))
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "sim": None}))  # a live run without its trace
+    out = judge_decisions(run)
+    assert "the counterfactual needs the trace" in out["error"]
+    assert read_jsonl(run / "decisions-r0.jsonl") == blank
+    assert json.loads((run / "run.json").read_text())["judge"]["error"] == out["error"]
+
+    (run / "decisions-r0.jsonl").write_text("")
+    assert judge_decisions(run) is None
