@@ -141,6 +141,12 @@ def test_answer_says_what_the_agent_decided_and_why(study_db):
             f"({int(ans['replace'].astype(bool).sum())} replace") in a
     assert f"{int(fb.sum())} fallbacks" in a
     assert f"{len(ans)}× “synthetic”" in a  # the reasons, counted
+    cf, ba = ans["correct_cf"].dropna(), ans["correct"].dropna()
+    assert len(cf) and len(ba)
+    assert (f"Judged against its counterfactual (the answer's action and its alternative replayed "
+            f"from the same buffer state): {int(cf.astype(bool).sum())} of {len(cf)} answers were "
+            f"right (pass@1). Before/after (the next window against the one it judged, which noise "
+            f"moves): {int(ba.astype(bool).sum())} of {len(ba)}.") in a
 
 
 def test_report_files_and_sections(study_db):

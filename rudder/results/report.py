@@ -305,10 +305,19 @@ def agent_lines(decisions: pd.DataFrame, steps: dict | None = None) -> list[str]
         for reason, count in plain.value_counts().head(6).items():
             md.append(f"- {count}× “{reason}”")
         md.append("")
+        cf = ans["correct_cf"].dropna()
         judged = ans["correct"].dropna()
-        if len(judged):
+        if len(cf):
+            md += [f"Judged against its counterfactual (the answer's action and its alternative "
+                   f"replayed from the same buffer state): {int(cf.astype(bool).sum())} of "
+                   f"{len(cf)} answers were right (pass@1)."
+                   + (f" Before/after (the next window against the one it judged, which noise "
+                      f"moves): {int(judged.astype(bool).sum())} of {len(judged)}." if len(judged) else ""),
+                   ""]
+        elif len(judged):
             md += [f"{int(judged.astype(bool).sum())} of {len(judged)} judged answers predicted "
-                   "the measured effect on hit rate and rows (pass@1).", ""]
+                   "the measured effect on hit rate and rows (pass@1, before/after; "
+                   "`rudder agent judge RUN_DIR` judges them against their counterfactual).", ""]
         lat = ans["latency_s"].dropna()
         if len(lat):
             md += [f"Answer latency: median {lat.median():.1f} s, max {lat.max():.1f} s.", ""]
