@@ -68,6 +68,7 @@ def summarize_run(run_dir: str | Path) -> dict:
     out["fallbacks"] = sum(1 for d in decisions if d.get("fallback"))
     out["replace"] = sum(1 for d in decisions if d.get("replace") and not d.get("fallback")
                          and d.get("applied_step") is not None)
+    out["judge"] = run.get("judge")  # the decisions against their counterfactual (runner.judge_decisions)
     done = [json.loads(p.read_text()) for p in sorted(run_dir.glob("done-r*.json"))]
     if any(d.get("checked") for d in done):
         out["feature_check"] = {"ranks": sum(1 for d in done if d.get("checked")),
@@ -115,6 +116,17 @@ def _cpu_line(s: dict) -> str | None:
     return "cpu            " + "; ".join(parts) if parts else None
 
 
+def _judge_line(j: dict) -> str:
+    if j.get("error"):
+        return f"judged         none: {j['error']}"
+    right, n = j["pass_at_1_cf"]  # n: the judged decisions whose saving was clear enough to call
+    h = j["horizon"]
+    return (f"judged         {j['judged']} of {j['decisions']} decisions against their counterfactual "
+            f"over {h} windows (not fallbacks, nor those in the last {h} windows): "
+            + (f"{right} of {n} clear calls right (Pass@1 {right / n:.2f})" if n else "none clear enough to call")
+            + "; `rudder agent judge --horizon N RUN_DIR` judges over another horizon")
+
+
 def format_summary(s: dict) -> str:
     base = s["policy"].split(":", 1)[0]
     none_rows = s.get("none_rows", s["remote_rows"])
@@ -153,6 +165,9 @@ def format_summary(s: dict) -> str:
             lines.append(f"note           {who} never acted: "
                          + ("every decision fell back" if s["decisions"] else "no decision was made")
                          + " (see decisions-r*.jsonl and logs/)")
+    j = s.get("judge")
+    if j:
+        lines.append(_judge_line(j))
     if s.get("pulls"):
         p = s["pulls"]
         lines.append(f"pulls          up to {p['most_in_flight']} in flight at once (train.pulls_in_flight); "

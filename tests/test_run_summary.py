@@ -134,3 +134,18 @@ def test_summary_says_how_many_pulls_were_in_flight(tmp_path):
     assert s["pulls"] == {"most_in_flight": 2, "epoch_ends": 1}
     assert ("\npulls          up to 2 in flight at once (train.pulls_in_flight); 1 epoch end(s) crossed "
             "with one on the wire") in format_summary(s)
+
+
+def test_summary_quotes_the_runs_own_judgement(tmp_path):
+    """run.json's `judge` (runner.judge_decisions) in the summary: the right share, or why none."""
+    d = write_synthetic_run(tmp_path, "a", policy="agent", epochs=2, steps=6, window=3)
+    meta = json.loads((d / "run.json").read_text())
+    assert "judged " not in format_summary(summarize_run(d))  # an older run: nothing claimed
+    (d / "run.json").write_text(json.dumps({**meta, "judge": {
+        "horizon": 2, "judged": 9, "decisions": 12, "pass_at_1_cf": [6, 8], "s": 0.5}}))
+    text = format_summary(summarize_run(d))
+    assert ("judged         9 of 12 decisions against their counterfactual over 2 windows "
+            "(not fallbacks, nor those in the last 2 windows): 6 of 8 clear calls right "
+            "(Pass@1 0.75)") in text
+    (d / "run.json").write_text(json.dumps({**meta, "judge": {"horizon": 2, "error": "no trace-r0.npz"}}))
+    assert "judged         none: no trace-r0.npz" in format_summary(summarize_run(d))
