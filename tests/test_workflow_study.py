@@ -2,6 +2,7 @@
 parses and builds."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,12 @@ def test_sweep_and_exclude_keys_checked(tmp_path):
         tmp_path, {**BASE_STUDY, "exclude": [{"machine": 2}]})
     assert "every run" in study_error(
         tmp_path, {**BASE_STUDY, "exclude": [{"dataset": "synth-tiny"}]})
+    # an entry that matches no point is a typo, not a no-op: named with the axis' values
+    msg = study_error(tmp_path, {**BASE_STUDY, "exclude": [{"machines": 1}, {"policy": "lookahed"}]})
+    assert 'exclude.1: {"policy": "lookahed"} matches no run of the grid' in msg
+    assert f'policy: {json.dumps(BASE_STUDY["policies"])}' in msg
+    msg = study_error(tmp_path, {**BASE_STUDY, "exclude": [{"machines": "2", "repeat": 3}]})
+    assert 'exclude.0: {"machines": "2", "repeat": 3} matches no run' in msg and "repeat: [0]" in msg
 
 
 def test_malformed_yaml(tmp_path):

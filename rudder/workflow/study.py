@@ -201,6 +201,13 @@ def _check_exclude(cfg: StudyConfig, source: str) -> None:
                                   f"allowed: {', '.join(sorted(allowed))}")
 
 
+def _axis_values(cfg: StudyConfig, key: str) -> list:
+    """The values a grid axis (or sweep key, or `repeat`) takes."""
+    if key in LIST_KEY:
+        return getattr(cfg, LIST_KEY[key])
+    return list(range(cfg.repeats)) if key == "repeat" else cfg.sweep[key]
+
+
 def run_id_for(point: dict[str, Any], chash: str) -> str:
     parts = [point["dataset"], f"m{point['machines']}", f"t{point['trainers']}", point["policy"]]
     for k, v in point.items():
@@ -248,6 +255,7 @@ def expand(cfg: StudyConfig, base: dict | None = None, source: str = "<dict>",
 
     runs: list[PlannedRun] = []
     seen: dict[str, str] = {}
+    excluded: set[int] = set()  # the exclude entries that matched a point (a typo matches none)
     grid = itertools.product(cfg.datasets, cfg.machines, cfg.trainers, cfg.policies,
                              itertools.product(*(cfg.sweep[k] for k in sweep_keys)),
                              range(cfg.repeats))
@@ -256,7 +264,10 @@ def expand(cfg: StudyConfig, base: dict | None = None, source: str = "<dict>",
                                  "trainers": trainers, "policy": policy}
         point.update(zip(sweep_keys, sweep_values))
         point["repeat"] = repeat
-        if any(all(point.get(k) == v for k, v in entry.items()) for entry in cfg.exclude):
+        hits = {i for i, entry in enumerate(cfg.exclude)
+                if all(point.get(k) == v for k, v in entry.items())}
+        if hits:
+            excluded |= hits
             continue
         data = copy.deepcopy(common)
         for axis, target in AXES.items():
@@ -276,6 +287,12 @@ def expand(cfg: StudyConfig, base: dict | None = None, source: str = "<dict>",
                               "same run config")
         seen[rid] = desc
         runs.append(PlannedRun(cfg.name, rid, run_cfg, chash, point))
+    for i, entry in enumerate(cfg.exclude):
+        if i not in excluded:
+            axes = {k: _axis_values(cfg, k) for k in entry}
+            raise ConfigError(f"invalid study {source}:\n  exclude.{i}: {json.dumps(entry)} matches "
+                              "no run of the grid; its axes have " + ", ".join(
+                                  f"{k}: {json.dumps(v)}" for k, v in axes.items()))
     if not runs:
         raise ConfigError(f"invalid study {source}: exclude removes every run")
     return Study(cfg, runs, source)
