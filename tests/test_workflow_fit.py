@@ -4,6 +4,7 @@ a Slurm block's walltime must hold a run started at its drain period; the runs a
 times the largest run must fit a block; stage and partition never run on GPU blocks."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,10 +139,13 @@ def test_cli_names_missing_variables_before_anything_starts(tmp_path):
     # the DAG is printed; then the inputs a NERSC user stages first (the OGB dataset under the data
     # root, the model file) are named, and the dry run exits 2 (rudder.runner.preflight)
     assert proc.returncode == 2, proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if "error: run " in ln]
+    errors = [ln for ln in proc.stderr.splitlines() if "scaling_study: error: " in ln]
     assert errors and all("dataset.name: unknown dataset 'ogbn-products'" in ln
                           or "agent.model: model file for 'gemma3-4b' not found: /m" in ln
                           for ln in errors), proc.stderr
+    # each problem once, with the runs it stops (every run lacks the dataset)
+    (data,) = [ln for ln in errors if "unknown dataset" in ln]
+    assert re.search(r"error: \d+ runs \(ogbn-products-m\S+, ogbn-products-m\S+, \.\.\.\): ", data), data
     assert "stage_dataset ogbn-products" in proc.stdout and "[cpu]" in proc.stdout
     assert "drain 3300 s" in proc.stdout
     assert not (tmp_path / "runs").exists()

@@ -208,16 +208,20 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from rudder.runner import preflight
 
-        seen, bad = set(), 0
+        seen: set[str] = set()
+        problems: dict[str, list[str]] = {}  # each problem once, with the runs it stops
         for run in study.runs:  # what `rudder run --dry-run` checks, once per distinct config
             key = run.config.model_dump_json()
             if key in seen:
                 continue
             seen.add(key)
             for line in preflight(run.config):
-                print(f"scaling_study: error: run {run.run_id}: {line}", file=sys.stderr)
-                bad += 1
-        return 2 if bad else 0
+                problems.setdefault(line, []).append(run.run_id)
+        for line, ids in problems.items():
+            which = f"run {ids[0]}" if len(ids) == 1 else \
+                f"{len(ids)} runs ({', '.join(ids[:2])}{', ...' if len(ids) > 2 else ''})"
+            print(f"scaling_study: error: {which}: {line}", file=sys.stderr)
+        return 2 if problems else 0
     if remote:
         from rudder.workflow.globus import GlobusUnavailable, check_login
 
