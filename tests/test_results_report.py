@@ -241,6 +241,13 @@ def test_decisions_figure_marks_every_decision_with_its_reason(study_db):
         assert marks == int((dec["run_id"] == run).sum())
         assert any("synthetic" in t.get_text() for t in ax.texts)
         assert "%-hits" in ax.get_ylabel()
+        # each answer's counterfactual verdict beside its reason (the synthetic runs have both)
+        key = next(t.get_text() for t in ax.texts if t.get_text().startswith("Decisions and reasons"))
+        assert "judged against its counterfactual" in key.splitlines()[0]
+        mine = dec[(dec["run_id"] == run) & dec["fallback"].isna()]
+        for verdict, flag in (("[right]", True), ("[wrong]", False)):
+            if (mine["correct_cf"] == flag).any():
+                assert f"{verdict}: “synthetic”" in key, key
 
 
 def test_report_without_agent_runs_says_so(tmp_path):

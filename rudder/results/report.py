@@ -556,7 +556,9 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
                 name = ("replace" if is_rep else "keep") + ("" if applied else " (not applied)")
                 budget = f" ({r.budget})" if is_rep and pd.notna(r.budget) else ""
                 late = "" if applied else " (never applied)"
-                reasons.setdefault(f"{'replace' if is_rep else 'keep'}{budget}{late}: "
+                cf = r.get("correct_cf")  # judged against its counterfactual, where it was
+                verdict = "" if cf is None or pd.isna(cf) else (" [right]" if cf else " [wrong]")
+                reasons.setdefault(f"{'replace' if is_rep else 'keep'}{budget}{late}{verdict}: "
                                    f"“{_plain_reason(r.reason)}”", []).append(num)
             if pd.isna(x):
                 continue
@@ -579,7 +581,9 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
         lines = [f"{_nums(nums)}: {text}" for text, nums in reasons.items()]
         if lines:
             wrapped = "\n".join(textwrap.shorten(t, 150) for t in lines[:8])
-            ax.text(0.0, -0.2, "Decisions and reasons:\n" + wrapped, transform=ax.transAxes,
+            judged = " ([right] / [wrong]: judged against its counterfactual)" \
+                if "correct_cf" in d and d["correct_cf"].notna().any() else ""
+            ax.text(0.0, -0.2, f"Decisions and reasons{judged}:\n" + wrapped, transform=ax.transAxes,
                     va="top", ha="left", fontsize=8, family="monospace")
     fig.tight_layout()
     return fig, len(runs)
