@@ -203,6 +203,8 @@ def judge_decisions(run_dir: Path) -> dict | None:
         s = summarize([d for recs in by_rank.values() for d in recs])
         out = {"horizon": HORIZON, "judged": s["judged"], "decisions": s["decisions"],
                "pass_at_1_cf": list(s["pass_at_1_cf"]), "s": round(time.time() - t0, 3)}
+        log.info("run %s: %d of %d decisions judged against their counterfactual in %.1f s",
+                 run_dir.name, s["judged"], s["decisions"], out["s"])
     except Exception as exc:  # noqa: BLE001 - the run's own records stand without the judge
         log.warning("run %s: its decisions were not judged: %s", run_dir.name, exc)
         out = {"horizon": HORIZON, "error": str(exc)}
