@@ -1,5 +1,6 @@
 """`rudder agent eval`: the starter set, scoring, labelling windows of a finished run, the CLI."""
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -31,6 +32,17 @@ class RuleBackend:
 
     def close(self):
         pass
+
+
+@pytest.mark.parametrize("text, needle", [('{"context": {}, "window": {}, "label_replace": true}\n{oops\n',
+                                            ":2: not a labelled window (JSON)"),
+                                           ("[1, 2]\n", ":1: not a labelled window (a JSON object)"),
+                                           ('{"context": {}}\n', ":1: labelled window lacks 'window'")])
+def test_a_bad_windows_file_is_named_with_its_line(tmp_path, text, needle):
+    bad = tmp_path / "w.jsonl"
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(f"{bad}{needle}")):
+        load_windows(bad)
 
 
 def test_starter_set_is_balanced_unambiguous_and_reproducible():

@@ -47,7 +47,12 @@ def load_windows(path: str | Path | list = STARTER) -> list[dict]:
     for i, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
-        rec = json.loads(line)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{i}: not a labelled window (JSON): {exc.msg}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{i}: not a labelled window (a JSON object)")
         for k in ("context", "window", "label_replace"):
             if k not in rec:
                 raise ValueError(f"{path}:{i}: labelled window lacks {k!r}")
