@@ -88,6 +88,23 @@ def test_query_errors_exit_2(study, capsys):
 
     assert cli(["query", "--db", str(db)]) == 2
     assert cli(["query", "SELECT 1", "--named", "speedup", "--db", str(db)]) == 2
+    capsys.readouterr()
+
+    # a study with no run here is named with the studies there are (not an empty table)
+    assert cli(["query", "--named", "speedup", "--study", "ss", "--db", str(db)]) == 2
+    assert f"no runs of study 'ss' in {db}; its studies: s" in capsys.readouterr().err
+    assert cli(["query", "--named", "speedup", "--study", "s", "--db", str(db), "--csv"]) == 0
+    assert len(pd.read_csv(io.StringIO(capsys.readouterr().out))) == 6
+
+
+def test_report_of_a_study_not_collected_is_an_error(study, tmp_path, capsys):
+    root, db = study
+    assert cli(["collect", str(root), "--db", str(db)]) == 0
+    assert cli(["report", "--db", str(db), "--study", "nope", "--out", str(tmp_path / "rep")]) == 2
+    assert "no runs of study 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
+    assert cli(["report", "--db", str(db), "--study", "s", "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").is_file()
 
 
 def test_query_list(capsys):

@@ -135,7 +135,10 @@ def cmd_query(args: argparse.Namespace) -> int:
         return _err("query", str(exc))
     with store:
         try:
+            store.check_study(args.study if args.named else None)
             df = store.query(sql)
+        except ValueError as exc:
+            return _err("query", str(exc))
         except duckdb.Error as exc:
             return _err("query", f"SQL failed: {exc}")
     if args.csv:
@@ -171,9 +174,11 @@ def _print_table(df, max_rows: int, title: str | None = None) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from rudder.results.report import write_report
-    from rudder.results.store import StoreLockedError
+    from rudder.results.store import ResultsStore, StoreLockedError
 
     try:
+        with ResultsStore(args.db, read_only=True) as store:
+            store.check_study(args.study)
         path = write_report(args.db, args.out, study=args.study)
     except (FileNotFoundError, StoreLockedError, ValueError) as exc:
         return _err("report", str(exc))

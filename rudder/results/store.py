@@ -419,6 +419,16 @@ class ResultsStore:
         """Rows per table."""
         return {t: self._one(f"SELECT count(*) FROM {t}")[0] for t in TABLES}
 
+    def check_study(self, study: str | None) -> None:
+        """ValueError naming the studies present when `study` has no run here (a typo would
+        otherwise give an empty report or table)."""
+        if study is None or self._one("SELECT 1 FROM runs WHERE study = ? LIMIT 1", [study]):
+            return
+        have = [r[0] for r in self.con.execute(
+            "SELECT DISTINCT study FROM runs WHERE study IS NOT NULL ORDER BY 1").fetchall()]
+        raise ValueError(f"no runs of study {study!r} in {self.path}; its studies: "
+                         f"{', '.join(have) or 'none (runs collected without --study)'}")
+
     def _one(self, sql: str, params: list | None = None) -> tuple | None:
         """First row or None. (duckdb 2 refuses new work on a connection while an execute()
         result is unfinished, so results are always read to the end.)"""
