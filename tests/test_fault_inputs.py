@@ -419,3 +419,31 @@ def test_a_horizon_under_one_window_is_refused(tmp_path, sub, value, needle):
     r = cli("agent", sub, "--horizon", value, str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "argument --horizon" in r.stderr and needle in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("value, needle", [("99999", "a TCP port is 1-65535"), ("x", "not a port number")])
+def test_a_bad_service_port_is_refused(tmp_path, value, needle):
+    r = cli("agent", "serve", "--port", value, cwd=tmp_path)
+    assert r.returncode == 2 and "argument --port" in r.stderr and needle in r.stderr, r.stderr
+
+
+def test_a_service_that_cannot_start_says_why(tmp_path):
+    """`python -m rudder.agent.service` (what `rudder agent serve` and the study's node services
+    run) on a port another process holds: the model server exits at bind. The service exits 1
+    with one error line, and the server's own output, which used to go nowhere, says why: in
+    the --log file (its tail quoted in the error), else on the service's own output."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        base = [sys.executable, "-m", "rudder.agent.service", "--port", str(port), "--no-warm"]
+        log = tmp_path / "server.log"
+        logged = subprocess.run(base + ["--log", str(log)], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=180)
+        plain = subprocess.run(base, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    for r in (logged, plain):
+        assert r.returncode == 1, r.stderr
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("agent service: error: ")]
+        assert len(errors) == 1 and "exited with code" in errors[0], r.stderr
+        assert "Address already in use" in r.stderr
+    assert f"log tail ({log})" in logged.stderr and "Address already in use" in log.read_text()

@@ -146,6 +146,8 @@ def _decide(args) -> int:
 
 
 def register(subparsers) -> None:
+    from rudder.agent.service import DEFAULT_PORT, tcp_port
+
     p = subparsers.add_parser("agent", help="the LLM agent: eval, serve, decide",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="agent_command", metavar="ACTION")
@@ -208,7 +210,7 @@ def register(subparsers) -> None:
     q.add_argument("--model", default="smollm2-135m")
     q.add_argument("--model-path", default=None)
     q.add_argument("--host", default=None, help="default $RUDDER_MACHINE_ADDR or 127.0.0.1")
-    q.add_argument("--port", type=int, default=8431)
+    q.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: a free one")
     q.add_argument("--threads", type=int, default=1)
     q.set_defaults(func=_serve)
 

@@ -53,6 +53,17 @@ N_CTX = 4096  # as the inproc backend (decision.N_CTX)
 SERVERS = ("rudder", "llama_cpp")  # the model server a service runs (AgentService.argv)
 
 
+def tcp_port(value: str) -> int:
+    """argparse type of --port: 1-65535, or 0 for a free one chosen at start."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n}: a TCP port is 1-65535 (0: a free one)")
+    return n
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -74,6 +85,7 @@ class AgentService:
     def __init__(self, model_path: str | Path, host: str = "127.0.0.1", port: int | None = None,
                  threads: int = 1, n_ctx: int = N_CTX, chat_format: str | None = None,
                  ready_timeout_s: float = 60.0, log_path: str | Path | None = None,
+                 inherit_output: bool = False,
                  model_alias: str | None = None, all_interfaces: bool = False,
                  cpus: list[int] | None = None, logits_all: bool = False,
                  cache_mb: int = 0, n_batch: int | None = None,
@@ -108,6 +120,8 @@ class AgentService:
         self.chat_format = chat_format
         self.ready_timeout_s = ready_timeout_s
         self.log_path = Path(log_path) if log_path else None
+        # no log file: the server's output is dropped, or (inherit_output) goes to our stderr
+        self.inherit_output = inherit_output
         self.model_alias = model_alias
         self.proc: subprocess.Popen | None = None
         self._log_file = None
@@ -149,7 +163,8 @@ class AgentService:
                 self._log_file = open(self.log_path, "ab")
                 out = self._log_file
             else:
-                out = subprocess.DEVNULL
+                # inherited: onto our stderr, so our stdout carries only the READY line
+                out = sys.stderr if self.inherit_output else subprocess.DEVNULL
             log.info("starting agent service %s on %s", Path(self.model_path).name, self.url)
             # Own process group: stop() takes the server and anything it spawned.
             cpus = self.cpus
@@ -251,11 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m", help="registry name (rudder.agent.models)")
     ap.add_argument("--model-path", "--path", dest="model_path", default=None, help="GGUF file (user models)")
     ap.add_argument("--host", default=None, help="bind address (default $RUDDER_MACHINE_ADDR or 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=DEFAULT_PORT)
+    ap.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: a free one")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--chat-format", default=None)
     ap.add_argument("--ready-timeout", type=float, default=120.0)
-    ap.add_argument("--log", default=None, help="server log file")
+    ap.add_argument("--log", default=None, help="the model server's log file (default: its "
+                    "output goes to this service's stderr)")
     ap.add_argument("--no-warm", action="store_true", help="skip caching the prompt prefix at start")
     ap.add_argument("--prompt", default="default", help="prompt variant whose prefix is warmed")
     ap.add_argument("--all-interfaces", action="store_true",
@@ -278,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     path = resolve(args.model, args.model_path)
     host = "0.0.0.0" if args.all_interfaces else (args.host or node_address())
     cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
-    svc = AgentService(path, host=host, port=args.port, threads=args.threads,
+    # the server's own output is kept (a log file, or ours), so a server that fails says why
+    svc = AgentService(path, host=host, port=args.port or None, threads=args.threads,
                        chat_format=args.chat_format, ready_timeout_s=args.ready_timeout,
-                       log_path=args.log, model_alias=args.model,
+                       log_path=args.log, inherit_output=True, model_alias=args.model,
                        all_interfaces=args.all_interfaces, cpus=cpus, cache_mb=args.cache_mb,
                        n_batch=args.n_batch or (NODE_N_BATCH if args.cache_mb else None),
                        server=args.server)
@@ -310,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
                     log.error("agent service died")
                     return 1
                 done.wait(1.0)
+    except AgentServiceError as exc:  # the server did not come up: its output says why
+        if not done.is_set():
+            print(f"agent service: error: {exc}", file=sys.stderr)
+            return 1
+        log.info("stopped while starting or warming up")
     except Exception:
         if not done.is_set():
             raise
