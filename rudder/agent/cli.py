@@ -195,10 +195,15 @@ def register(subparsers) -> None:
     q.add_argument("--scenario", default=None, help="recorded on each window (held-out splits)")
     q.set_defaults(func=_label)
 
-    q = sub.add_parser("judge", help="judge a simulated run's decisions against their "
-                       "counterfactual (sets correct_cf, cf_rows_saved, cf_replace_share)")
-    q.add_argument("run_dir", nargs="+")
-    q.add_argument("--horizon", type=_horizon, default=2,
+    q = sub.add_parser("judge", help="judge a run's decisions against their counterfactual "
+                       "(sets correct_cf, cf_rows_saved, cf_replace_share)",
+                       description="Replays each decision's branch and its alternative (replace vs "
+                       "keep) from the same buffer state over the next windows, on a simulated "
+                       "run or a live run that kept its traces. A live run judges itself at the "
+                       "default horizon as it completes (run.json `judge`); judge again to use "
+                       "another horizon. Collect the run again afterwards to update the store.")
+    q.add_argument("run_dir", nargs="+", help="run directories (simulated, or live with trace-r*.npz)")
+    q.add_argument("--horizon", type=_horizon, default=2,  # hindsight.HORIZON (it imports torch)
                    help="windows replayed after each decision (default 2). A round whose rows pay "
                         "back over more windows is judged a cost over fewer: on the 1M-node "
                         "synth-bench rounds pay back over 4-8 windows (BENCHMARKS 7z), so judge "
