@@ -28,7 +28,10 @@
 #   DEVICE=cpu and AGENT_MACHINES=2 make a dry run of it on a host without a GPU.
 # Every step's output goes to OUT_DIR/log.txt, the tables to OUT_DIR/*.md.
 set -uo pipefail
-WHEELS=${1:?WHEELS_DIR}; OUT=${2:?OUT_DIR}; WHAT=${3:-matrix}
+USAGE="usage: scripts/gpu_offline.sh WHEELS_DIR OUT_DIR [figures|matrix|agent|all] (see its header)"
+WHEELS=${1:?$USAGE}; OUT=${2:?$USAGE}; WHAT=${3:-matrix}
+case "$WHAT" in figures|matrix|agent|all) ;; *) echo "unknown part '$WHAT'; $USAGE" >&2; exit 2 ;; esac
+[ -d "$WHEELS" ] || { echo "no wheels folder at $WHEELS; $USAGE" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1

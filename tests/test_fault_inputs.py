@@ -19,6 +19,8 @@ import pytest
 from rudder.config import ConfigError, RunConfig, check_name, load_run_config
 from rudder.run_cli import parse_overrides
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def cli(*args, cwd=None, timeout=180):
     return subprocess.run([sys.executable, "-m", "rudder.cli", *args], capture_output=True,
@@ -447,3 +449,17 @@ def test_a_service_that_cannot_start_says_why(tmp_path):
         assert len(errors) == 1 and "exited with code" in errors[0], r.stderr
         assert "Address already in use" in r.stderr
     assert f"log tail ({log})" in logged.stderr and "Address already in use" in log.read_text()
+
+
+@pytest.mark.parametrize("args, needle", [([], "usage: scripts/gpu_offline.sh"),
+                                          (["{wheels}", "{out}", "figure"], "unknown part 'figure'"),
+                                          (["{tmp}/none", "{out}", "agent"], "no wheels folder at")])
+def test_the_gpu_script_refuses_bad_arguments_before_it_installs(tmp_path, args, needle):
+    """Device time is short: a misspelt part or a missing wheels folder must not spend it on an
+    install and a dataset that nothing then uses."""
+    (tmp_path / "wheels").mkdir()
+    argv = [a.format(wheels=tmp_path / "wheels", out=tmp_path / "out", tmp=tmp_path) for a in args]
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_offline.sh"), *argv],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and needle in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
