@@ -121,6 +121,9 @@ def _judge_line(j: dict) -> str:
         return f"judged         none: {j['error']}"
     right, n = j["pass_at_1_cf"]  # n: the judged decisions whose saving was clear enough to call
     h = j["horizon"]
+    if not j["judged"]:
+        return (f"judged         none of {j['decisions']} decisions: each fell back, was never "
+                f"applied, or came in the run's last {h} windows (the counterfactual replays {h})")
     return (f"judged         {j['judged']} of {j['decisions']} decisions against their counterfactual "
             f"over {h} windows (not fallbacks, nor those in the last {h} windows): "
             + (f"{right} of {n} clear calls right (Pass@1 {right / n:.2f})" if n else "none clear enough to call")

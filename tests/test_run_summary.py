@@ -147,5 +147,9 @@ def test_summary_quotes_the_runs_own_judgement(tmp_path):
     assert ("judged         9 of 12 decisions against their counterfactual over 2 windows "
             "(not fallbacks, nor those in the last 2 windows): 6 of 8 clear calls right "
             "(Pass@1 0.75)") in text
+    (d / "run.json").write_text(json.dumps({**meta, "judge": {
+        "horizon": 2, "judged": 0, "decisions": 2, "pass_at_1_cf": [0, 0], "s": 0.1}}))
+    assert ("judged         none of 2 decisions: each fell back, was never applied, or came in "
+            "the run's last 2 windows") in format_summary(summarize_run(d))
     (d / "run.json").write_text(json.dumps({**meta, "judge": {"horizon": 2, "error": "no trace-r0.npz"}}))
     assert "judged         none: no trace-r0.npz" in format_summary(summarize_run(d))
