@@ -174,7 +174,9 @@ def test_store_round_trip_and_named_query(tmp_path, random_runs, built):
 
     (c, n), (cc, cn) = s["pass_at_1"], s["pass_at_1_cf"]
     assert _pass_line(df) == (f"Pass@1 of all decisions: before/after {c / n:.2f} ({n} judged), "
-                              f"counterfactual {cc / cn:.2f} ({cn} judged) (`rudder agent judge RUN_DIR`).")
+                              f"counterfactual {cc / cn:.2f} ({cn} judged).")
+    unjudged = df.assign(evaluated_cf=0, correct_cf=0)  # runs nobody judged: the line says how
+    assert _pass_line(unjudged).endswith("counterfactual not judged (`rudder agent judge RUN_DIR` judges them).")
 
 
 def _none(x):

@@ -340,8 +340,9 @@ def _pass_line(p) -> str:
     def share(ok: str, n: str) -> str:
         total = int(p[n].sum())
         return f"{int(p[ok].sum()) / total:.2f} ({total} judged)" if total else "not judged"
+    hint = "" if int(p["evaluated_cf"].sum()) else " (`rudder agent judge RUN_DIR` judges them)"
     return (f"Pass@1 of all decisions: before/after {share('correct', 'evaluated')}, "
-            f"counterfactual {share('correct_cf', 'evaluated_cf')} (`rudder agent judge RUN_DIR`).")
+            f"counterfactual {share('correct_cf', 'evaluated_cf')}{hint}.")
 
 
 # --- data ---------------------------------------------------------------------------------------
