@@ -393,6 +393,23 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def read_jsonl_strict(path: str | Path, what: str) -> list[tuple[int, Any]]:
+    """(line number, record) of each non-blank line of a file a user hands in (a script of
+    answers, labelled windows), where a line that is not JSON is an error naming path:line and
+    `what` the line should be. A run's own records are read with read_jsonl (a torn last line
+    there is a crash's, skipped)."""
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not {what} ({exc.msg})") from None
+        out.append((n, rec))
+    return out
+
+
 def versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0]}
     for mod in ("torch", "dgl", "numpy", "llama_cpp", "parsl", "duckdb"):

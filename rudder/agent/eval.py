@@ -28,7 +28,7 @@ from rudder.agent.context import HIT_TOL, ContextBuilder, direction
 from rudder.agent.decision import Backend, DecisionMaker, HttpBackend, InprocBackend, warm_prompt
 from rudder.agent.judge import agrees
 from rudder.agent.messages import HistoryEntry, budget_rows
-from rudder.records import read_run
+from rudder.records import read_jsonl_strict, read_run
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,7 @@ def load_windows(path: str | Path | list = STARTER) -> list[dict]:
     if isinstance(path, (list, tuple)):
         return [rec for p in path if len(path) == 1 or Path(p).exists() for rec in load_windows(p)]
     out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{i}: not a labelled window (JSON): {exc.msg}") from None
+    for i, rec in read_jsonl_strict(path, "a labelled window (JSON)"):
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{i}: not a labelled window (a JSON object)")
         for k in ("context", "window", "label_replace"):

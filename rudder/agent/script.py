@@ -23,6 +23,7 @@ from pathlib import Path
 from rudder.agent.context import Prompt
 from rudder.agent.decision import BackendError, Completion, DecisionMaker
 from rudder.agent.messages import Decision
+from rudder.records import read_jsonl_strict
 
 
 def answers_file(directory: str | Path, rank: int) -> Path:
@@ -37,13 +38,11 @@ def load_answers(directory: str | Path, rank: int) -> dict[int, dict]:
         raise FileNotFoundError(f"agent.script: no recorded answers for rank {rank}: {path} does not exist "
                                 f"(agent.script names a run directory, or `rudder sim`'s replay of one)")
     out: dict[int, dict] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"agent.script: {path}:{n}: not a JSON decision record ({exc.msg})") from None
+    try:
+        records = read_jsonl_strict(path, "a JSON decision record")
+    except ValueError as exc:
+        raise ValueError(f"agent.script: {exc}") from None
+    for _, rec in records:
         if rec.get("window") is None or int(rec.get("decision") or 0) < 0:
             continue
         out.setdefault(int(rec["window"]), rec)
