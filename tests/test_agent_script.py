@@ -123,7 +123,10 @@ def test_a_real_run_answers_from_each_trainers_script(tmp_path):
         _record(script, r, recs)
     cfg = RunConfig.model_validate({
         "dataset": {"name": "synth-small", "root": str(tmp_path / "data")},
-        "train": {"epochs": 2, "batch_size": 500, "hidden": 16, "eval_every": 0},
+        # 3 epochs (~30 minibatches a trainer): a round answered at window 1 may land at minibatch
+        # 10 or 11 (the answer is async), and either way its 2-window horizon must fit in the run
+        # for the judge to take it (with 2 epochs, ~20 minibatches, one landing at 11 did not)
+        "train": {"epochs": 3, "batch_size": 500, "hidden": 16, "eval_every": 0},
         "prefetch": {"policy": "agent", "lookahead": 0, "init": "random", "period": 10, "window": 5, "alpha": 0.05},
         "agent": {"prompt": "judge-history-2b", "backend": "script", "script": str(script)},
         "cluster": {"machines": 2, "start_timeout_s": 120, "run_timeout_s": 400},
