@@ -101,7 +101,10 @@ def test_plan_never_blocks_with_a_slow_model():
     time.sleep(0.3)
     pol.plan(step(80))
     pol.close()
-    assert max(times) < 0.005, f"slowest plan() {max(times) * 1e3:.2f} ms"
+    # a plan() that waited for an answer would take the model's 0.25 s; a poll takes well under
+    # a millisecond, and the max only bounds a preempted one on a loaded host
+    assert sorted(times)[len(times) // 2] < 0.005 and max(times) < 0.05, \
+        f"median plan() {sorted(times)[len(times) // 2] * 1e3:.2f} ms, slowest {max(times) * 1e3:.2f} ms"
     assert replaces, "no decision arrived"
     g0, r0 = replaces[0]
     assert r0.mechanism == "lookahead" and r0.max_rows == budget_rows("medium", 1000)

@@ -2,6 +2,7 @@
 decoding for the default variant's schema, the grammar for free text), a late or cancelled
 question ends as before and the server answers the next one, and each trainer resumes from its
 own kept prompt state."""
+import dataclasses
 import json
 import threading
 import time
@@ -50,6 +51,14 @@ def _prompt(rank: int, window: int = 7):
     return ContextBuilder(ctx).build({**CANNED[1]["window"], "window": window}, [], CANNED[1]["recent"])
 
 
+def _uncached(prompt, tag: str):
+    """The prompt with a first line no kept state shares: the server reads all of its ~2.5k
+    tokens (seconds here), so a 0.3 s deadline ends it late on any CPU (a cached prefix leaves
+    ~100 tokens and 8 choices, a few tenths of a second: too close to the deadline)."""
+    first = {**prompt.messages[0], "content": f"{tag}\n{prompt.messages[0]['content']}"}
+    return dataclasses.replace(prompt, messages=[first, *prompt.messages[1:]])
+
+
 def _post(url: str, prompt, max_tokens: int = 160) -> dict:
     body = json.dumps({"messages": prompt.messages, "max_tokens": max_tokens,
                        "response_format": {"type": "json_object", "schema": prompt.schema}}).encode()
@@ -77,12 +86,13 @@ def test_server_answers_by_choices_and_resumes_each_trainers_state(server):
 @pytest.mark.slow  # serves SmolLM2
 def test_late_and_cancelled_questions_end_as_before_and_the_server_goes_on(server):
     maker = DecisionMaker(HttpBackend(server.url, model="smollm2-135m"), "smollm2-135m", timeout_s=0.3)
-    d = maker.decide(_prompt(0, window=11))
+    d = maker.decide(_uncached(_prompt(0, window=11), "Late question."))
     assert d.fallback is not None and d.reason.startswith("fallback: late: timeout")
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
     with pytest.raises(BackendError) as exc:
-        HttpBackend(server.url).complete(_prompt(1, window=12).messages, _prompt(1).schema, 160, 300, cancel)
+        HttpBackend(server.url).complete(_uncached(_prompt(1, window=12), "Cancelled question.").messages,
+                                         _prompt(1).schema, 160, 300, cancel)
     assert exc.value.kind == "cancelled"
     t0 = time.monotonic()
     d = DecisionMaker(HttpBackend(server.url), "smollm2-135m", timeout_s=300).decide(_prompt(0, window=13))

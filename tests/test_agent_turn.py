@@ -2,6 +2,7 @@
 trainers sharing one server ask in turn (NodeTurn) and each asks with its newest window, not
 one that closed 30-40 minibatches earlier; the server keeps each trainer's state (prompt cache)."""
 import json
+import os
 import threading
 import time
 
@@ -132,10 +133,11 @@ def test_node_turn_goes_to_the_trainer_that_waited_longest(tmp_path):
             t.release()
 
     threads = []
-    for name in ("b", "c", "d"):
+    for i, name in enumerate(("b", "c", "d")):
         threads.append(threading.Thread(target=wait, args=(name,)))
         threads[-1].start()
-        time.sleep(0.1)  # b queues first, then c, then d
+        # b queues first, then c, then d: each starts once the one before has its entry
+        wait_for(lambda: len(os.listdir(str(path) + ".q")) == i + 1)
     holder.release()
     assert holder.acquire(stop)  # queues behind b, c, d: gets the turn after them
     order.append("a")
@@ -170,8 +172,8 @@ def test_trainers_of_a_node_ask_one_at_a_time_each_with_its_newest_window(tmp_pa
             for pol in pols:
                 pol.observe({"global_step": 5 * i + 4}, win(i))
             time.sleep(0.02)
-        wait_for(lambda: all(p.decider._inbox.empty() for p in pols))
-        time.sleep(0.3)
+        # the last window is asked once its trainer's turn comes (an empty inbox is not yet that)
+        wait_for(lambda: all(b.windows and "Window 11:" in b.windows[-1] for b in backends))
     finally:
         for pol in pols:
             pol.close()
