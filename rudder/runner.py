@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from rudder.cluster.attempts import live_owner, owner_info, reconcile_run, set_aside_attempt  # noqa: F401 (re-exported)
 from rudder.config import ConfigError, RunConfig, check_name, refuse_check_of_free
-from rudder.records import host_info, read_jsonl, update_run_json, versions
+from rudder.records import host_info, read_jsonl, read_run, update_run_json, versions
 
 log = logging.getLogger("rudder.run")
 
@@ -193,22 +193,19 @@ def judge_decisions(run_dir: Path) -> dict | None:
     counterfactual on its own traces (`rudder agent judge`, default horizon), so its records,
     the store and the report carry correct_cf, not only the noisy before/after `correct`.
     Recorded in run.json as `judge`; a failure is recorded there too and never fails the run."""
-    from rudder.agent.hindsight import HORIZON, judge_run, summarize
+    from rudder.agent.hindsight import HORIZON, judge_run
 
     if not any(p.stat().st_size for p in run_dir.glob("decisions-r*.jsonl")):
         return None  # a policy that decides nothing
-    t0 = time.time()
     try:  # e.g. prefetch.record_trace off: the judge names the missing trace
-        by_rank = judge_run(run_dir, horizon=HORIZON)
-        s = summarize([d for recs in by_rank.values() for d in recs])
-        out = {"horizon": HORIZON, "judged": s["judged"], "decisions": s["decisions"],
-               "pass_at_1_cf": list(s["pass_at_1_cf"]), "s": round(time.time() - t0, 3)}
+        judge_run(run_dir, horizon=HORIZON)  # records run.json's `judge`
+        out = read_run(run_dir)["judge"]
         log.info("run %s: %d of %d decisions judged against their counterfactual in %.1f s",
-                 run_dir.name, s["judged"], s["decisions"], out["s"])
+                 run_dir.name, out["judged"], out["decisions"], out["s"])
     except Exception as exc:  # noqa: BLE001 - the run's own records stand without the judge
         log.warning("run %s: its decisions were not judged: %s", run_dir.name, exc)
         out = {"horizon": HORIZON, "error": str(exc)}
-    update_run_json(run_dir, judge=out)
+        update_run_json(run_dir, judge=out)
     return out
 
 

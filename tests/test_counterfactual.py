@@ -224,6 +224,29 @@ def test_cli_judges_and_prints_the_balance(built, capsys):
     assert main(["agent", "judge", str(run.parent / "nowhere")]) == 2  # a clear error, no traceback
 
 
+def test_judging_again_records_the_new_horizon_in_run_json(built, tmp_path):
+    """`rudder agent judge --horizon N` rewrites the verdicts and run.json's `judge` with them,
+    so the run (and the report, which quotes it) never pairs one horizon's verdicts with
+    another's summary; --dry-run leaves both alone."""
+    import json
+    import shutil
+
+    from rudder.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(built["drift", "replace"], run)
+    before = (run / "run.json").read_text()
+    assert main(["agent", "judge", "--horizon", "3", "--dry-run", str(run)]) == 0
+    assert (run / "run.json").read_text() == before
+    assert main(["agent", "judge", "--horizon", "3", str(run)]) == 0
+    recs = read_jsonl(run / "decisions-r0.jsonl")
+    assert recs == judge_run(run, horizon=3, write=False)[0]
+    j, s = json.loads((run / "run.json").read_text())["judge"], summarize(recs)
+    assert (j["horizon"], j["judged"], j["decisions"], tuple(j["pass_at_1_cf"])) == \
+        (3, s["judged"], s["decisions"], s["pass_at_1_cf"])
+    assert j["s"] >= 0
+
+
 def test_a_complete_run_judges_its_own_decisions(tmp_path, random_runs):
     """runner.judge_decisions (called as a run completes): the decisions get the judge's fields
     and run.json a `judge` summary; without traces the reason is recorded and the decisions are

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rudder.records import update_run_json
 from rudder.sim.oracle import belady
 from rudder.results.report import (PLOTS, belady_rows_ratio, decisions_figure, hit_rate_figure,
                                    hit_rate_series, savings_figure, write_report)
@@ -47,6 +48,8 @@ def study_db(tmp_path_factory):
             d = write_synthetic_run(root, f"{pol}-{m}", machines=m, policy=pol, epochs=EPOCHS,
                                     steps=STEPS, window=5, study="s", simulated=False)
             write_traces(d, m, seed=10 * m + i)
+            if pol == "agent":  # judged over 2 and 4 windows (as `rudder agent judge --horizon 4` leaves it)
+                update_run_json(d, judge={"horizon": m, "judged": 1, "decisions": 1, "pass_at_1_cf": [1, 1], "s": 0.1})
     write_synthetic_run(root, "dead", policy="fixed", status="failed", reason="OOM killed",
                         epochs=2, epochs_done=1, steps=STEPS, study="s")
     db = tmp / "r.duckdb"
@@ -144,7 +147,8 @@ def test_answer_says_what_the_agent_decided_and_why(study_db):
     cf, ba = ans["correct_cf"].dropna(), ans["correct"].dropna()
     assert len(cf) and len(ba)
     assert (f"Judged against its counterfactual (the answer's action and its alternative replayed "
-            f"from the same buffer state): {int(cf.astype(bool).sum())} of {len(cf)} answers were "
+            f"from the same buffer state, over the next 2-4 windows): {int(cf.astype(bool).sum())} "
+            f"of {len(cf)} answers were "
             f"right (pass@1). Before/after (the next window against the one it judged, which noise "
             f"moves): {int(ba.astype(bool).sum())} of {len(ba)}.") in a
 

@@ -201,7 +201,8 @@ def register(subparsers) -> None:
                        "keep) from the same buffer state over the next windows, on a simulated "
                        "run or a live run that kept its traces. A live run judges itself at the "
                        "default horizon as it completes (run.json `judge`); judge again to use "
-                       "another horizon. Collect the run again afterwards to update the store.")
+                       "another horizon (run.json `judge` then names it, and the report quotes "
+                       "it). Collect the run again afterwards to update the store.")
     q.add_argument("run_dir", nargs="+", help="run directories (simulated, or live with trace-r*.npz)")
     q.add_argument("--horizon", type=_horizon, default=2,  # hindsight.HORIZON (it imports torch)
                    help="windows replayed after each decision (default 2). A round whose rows pay "

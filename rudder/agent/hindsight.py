@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -42,7 +43,7 @@ from rudder.agent.messages import Decision, budget_rows
 from rudder.agent.steering import Regime, make_round
 from rudder.prefetch.policy import budget_rows as share_rows
 from rudder.prefetch.policy import Policy, Replace, StepInfo, mechanism_for
-from rudder.records import read_jsonl, read_run
+from rudder.records import read_jsonl, read_run, update_run_json
 
 HORIZON = 2  # windows counted after the decision (the replace regime acts in the first)
 
@@ -310,11 +311,13 @@ def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -
     budget (a keep that names none, e.g. a classifier's 0.0: the run's replace budget), so the
     budget is held fixed, not judged. Sets cf_rows_saved, cf_replace_share and correct_cf (rudder.agent.judge.counterfactual)
     on each record; a decision never applied, a fallback, or one whose horizon runs past the
-    end keeps them null. write: rewrite decisions-r<R>.jsonl (atomically). {rank: records}."""
+    end keeps them null. write: rewrite decisions-r<R>.jsonl (atomically) and run.json's `judge`
+    (judge_record), so the run says which horizon its verdicts are over. {rank: records}."""
     from rudder.agent.judge import counterfactual
 
     run_dir = Path(run_dir)
     read_run(run_dir)  # not a run directory: an error naming it
+    t0 = time.perf_counter()
     out = {}
     for path in sorted(run_dir.glob("decisions-r*.jsonl")):
         rank = int(path.stem.rsplit("-r", 1)[1])
@@ -342,7 +345,18 @@ def judge_run(run_dir: str | Path, horizon: int = HORIZON, write: bool = True) -
             tmp.write_text("".join(json.dumps(d) + "\n" for d in recs))
             tmp.replace(path)
         out[rank] = recs
+    if write:
+        update_run_json(run_dir, judge=judge_record([d for recs in out.values() for d in recs],
+                                                   horizon, time.perf_counter() - t0))
     return out
+
+
+def judge_record(recs: list[dict], horizon: int, seconds: float) -> dict:
+    """run.json's `judge` for a run whose decisions `recs` were judged over `horizon` windows:
+    what the run summary and the report quote beside the decision files' verdicts."""
+    s = summarize(recs)
+    return {"horizon": horizon, "judged": s["judged"], "decisions": s["decisions"],
+            "pass_at_1_cf": list(s["pass_at_1_cf"]), "s": round(seconds, 3)}
 
 
 def check_labels(records: list[dict], run_dir: str | Path, horizon: int = HORIZON) -> list[dict]:

@@ -145,7 +145,9 @@ ORDER BY g.dataset, g.simulated, g.machines, g.policy
 _AGENT_DECISIONS = """
 SELECT d.run_id, r.dataset, r.machines, d.rank, d.decision, d."window", d.decided_step,
        d.applied_step, d.model, d.replace, d.budget, d.fallback, d.reason, d.latency_s,
-       d.correct, d.correct_cf, d.cf_rows_saved
+       d.correct, d.correct_cf, d.cf_rows_saved,
+       -- the windows the counterfactual judge replayed (run.json's `judge`, kept in runs.extra)
+       try_cast(json_extract_string(r.extra, '$.judge.horizon') AS INTEGER) AS cf_horizon
 FROM decisions d JOIN {runs} r USING (run_id)
 WHERE r.policy = 'agent'
 ORDER BY r.dataset, r.machines, d.run_id, d.rank, d.decision

@@ -270,6 +270,18 @@ def _close_behind(best: pd.DataFrame, top) -> str:
             "run-to-run noise: no clear winner.")
 
 
+def _over_windows(ans: pd.DataFrame, judged: pd.Index) -> str:
+    """', over the next N windows' for the judged answers' horizon (N-M where runs were
+    judged over different ones); '' where no run recorded it."""
+    if "cf_horizon" not in ans:
+        return ""
+    h = sorted(int(x) for x in ans.loc[judged, "cf_horizon"].dropna().unique())
+    if not h:
+        return ""
+    n = str(h[0]) if len(h) == 1 else f"{h[0]}-{h[-1]}"
+    return f", over the next {n} window{'' if n == '1' else 's'}"
+
+
 def first_applied(d: pd.DataFrame) -> float | None:
     """The first minibatch at which a model answer (not a fallback) was applied."""
     fb = d["fallback"].astype("boolean").fillna(False).to_numpy(bool)
@@ -309,7 +321,8 @@ def agent_lines(decisions: pd.DataFrame, steps: dict | None = None) -> list[str]
         judged = ans["correct"].dropna()
         if len(cf):
             md += [f"Judged against its counterfactual (the answer's action and its alternative "
-                   f"replayed from the same buffer state): {int(cf.astype(bool).sum())} of "
+                   f"replayed from the same buffer state{_over_windows(ans, cf.index)}): "
+                   f"{int(cf.astype(bool).sum())} of "
                    f"{len(cf)} answers were right (pass@1)."
                    + (f" Before/after (the next window against the one it judged, which noise "
                       f"moves): {int(judged.astype(bool).sum())} of {len(judged)}." if len(judged) else ""),
