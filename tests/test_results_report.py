@@ -143,6 +143,8 @@ def test_answer_says_what_the_agent_decided_and_why(study_db):
     assert (f"was asked {len(d)} times over 2 run(s): {len(ans)} answers "
             f"({int(ans['replace'].astype(bool).sum())} replace") in a
     assert f"{int(fb.sum())} fallbacks" in a
+    per_run = ans.groupby("run_id").size()
+    assert f"Answers per run: {per_run.min()}{'–' + str(per_run.max()) if per_run.min() != per_run.max() else ' each'}." in a
     assert f"{len(ans)}× “synthetic”" in a  # the reasons, counted
     cf, ba = ans["correct_cf"].dropna(), ans["correct"].dropna()
     assert len(cf) and len(ba)
@@ -247,7 +249,8 @@ def test_decisions_figure_marks_every_decision_with_its_reason(study_db):
         assert "%-hits" in ax.get_ylabel()
         # each answer's counterfactual verdict beside its reason (the synthetic runs have both)
         key = next(t.get_text() for t in ax.texts if t.get_text().startswith("Decisions and reasons"))
-        assert "judged against its counterfactual" in key.splitlines()[0]
+        h = run.rsplit("-", 1)[1]  # the fixture judged agent-<m> over m windows
+        assert f"judged against its counterfactual, over the next {h} windows; no mark: " in key.splitlines()[0]
         mine = dec[(dec["run_id"] == run) & dec["fallback"].isna()]
         for verdict, flag in (("[right]", True), ("[wrong]", False)):
             if (mine["correct_cf"] == flag).any():

@@ -282,6 +282,12 @@ def _over_windows(ans: pd.DataFrame, judged: pd.Index) -> str:
     return f", over the next {n} window{'' if n == '1' else 's'}"
 
 
+def _span(counts: pd.Series) -> str:
+    """'6 each' or '4–6'."""
+    lo, hi = int(counts.min()), int(counts.max())
+    return f"{lo} each" if lo == hi else f"{lo}–{hi}"
+
+
 def first_applied(d: pd.DataFrame) -> float | None:
     """The first minibatch at which a model answer (not a fallback) was applied."""
     fb = d["fallback"].astype("boolean").fillna(False).to_numpy(bool)
@@ -306,7 +312,7 @@ def agent_lines(decisions: pd.DataFrame, steps: dict | None = None) -> list[str]
           f"{len(ans)} answers ({int(rep.fillna(False).sum())} replace, "
           f"{int((~rep).fillna(False).sum())} keep; {int(applied.sum())} applied before the run "
           f"ended), {int(fb.sum())} fallbacks (no usable answer in time: the fallback policy "
-          f"steered). Answers per run: {int(per_run.min())}–{int(per_run.max())}.", ""]
+          f"steered). Answers per run: {_span(per_run)}.", ""]
     if len(ans):
         budgets = ans[rep.fillna(False).to_numpy(bool)]["budget"].dropna().value_counts()
         if len(budgets):
@@ -595,8 +601,9 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
         lines = [f"{_nums(nums)}: {text}" for text, nums in reasons.items()]
         if lines:
             wrapped = "\n".join(textwrap.shorten(t, 150) for t in lines[:8])
-            judged = " ([right] / [wrong]: judged against its counterfactual)" \
-                if "correct_cf" in d and d["correct_cf"].notna().any() else ""
+            judged = (f" ([right] / [wrong]: judged against its counterfactual"
+                      f"{_over_windows(d, d.index)}; no mark: too close to call, or applied too "
+                      "near the run's end)") if "correct_cf" in d and d["correct_cf"].notna().any() else ""
             ax.text(0.0, -0.2, f"Decisions and reasons{judged}:\n" + wrapped, transform=ax.transAxes,
                     va="top", ha="left", fontsize=8, family="monospace")
     fig.tight_layout()
