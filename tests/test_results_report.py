@@ -250,7 +250,7 @@ def test_decisions_figure_marks_every_decision_with_its_reason(study_db):
         # each answer's counterfactual verdict beside its reason (the synthetic runs have both)
         key = next(t.get_text() for t in ax.texts if t.get_text().startswith("Decisions and reasons"))
         h = run.rsplit("-", 1)[1]  # the fixture judged agent-<m> over m windows
-        assert f"judged against its counterfactual, over the next {h} windows; no mark: " in key.splitlines()[0]
+        assert f"judged against its counterfactual, over the next {h} windows;\n no mark: " in key
         mine = dec[(dec["run_id"] == run) & dec["fallback"].isna()]
         for verdict, flag in (("[right]", True), ("[wrong]", False)):
             if (mine["correct_cf"] == flag).any():

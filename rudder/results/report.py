@@ -602,10 +602,13 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
         if lines:
             wrapped = "\n".join(textwrap.shorten(t, 150) for t in lines[:8])
             judged = (f" ([right] / [wrong]: judged against its counterfactual"
-                      f"{_over_windows(d, d.index)}; no mark: too close to call, or applied too "
+                      f"{_over_windows(d, d.index)};\n no mark: too close to call, or applied too "
                       "near the run's end)") if "correct_cf" in d and d["correct_cf"].notna().any() else ""
-            ax.text(0.0, -0.2, f"Decisions and reasons{judged}:\n" + wrapped, transform=ax.transAxes,
-                    va="top", ha="left", fontsize=8, family="monospace")
+            # a fixed offset below the axes (under the x label), whatever height tight_layout
+            # leaves the panel for this many lines
+            ax.annotate(f"Decisions and reasons{judged}:\n" + wrapped, (0.0, 0.0), xycoords="axes fraction",
+                        xytext=(0, -30), textcoords="offset points", va="top", ha="left", fontsize=8,
+                        family="monospace", annotation_clip=False)
     fig.tight_layout()
     return fig, len(runs)
 
