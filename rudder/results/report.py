@@ -270,12 +270,12 @@ def _close_behind(best: pd.DataFrame, top) -> str:
             "run-to-run noise: no clear winner.")
 
 
-def _over_windows(ans: pd.DataFrame, judged: pd.Index) -> str:
-    """', over the next N windows' for the judged answers' horizon (N-M where runs were
+def _over_windows(judged: pd.DataFrame) -> str:
+    """', over the next N windows' for the judged decisions' horizon (N-M where runs were
     judged over different ones); '' where no run recorded it."""
-    if "cf_horizon" not in ans:
+    if "cf_horizon" not in judged:
         return ""
-    h = sorted(int(x) for x in ans.loc[judged, "cf_horizon"].dropna().unique())
+    h = sorted(int(x) for x in judged["cf_horizon"].dropna().unique())
     if not h:
         return ""
     n = str(h[0]) if len(h) == 1 else f"{h[0]}-{h[-1]}"
@@ -327,7 +327,7 @@ def agent_lines(decisions: pd.DataFrame, steps: dict | None = None) -> list[str]
         judged = ans["correct"].dropna()
         if len(cf):
             md += [f"Judged against its counterfactual (the answer's action and its alternative "
-                   f"replayed from the same buffer state{_over_windows(ans, cf.index)}): "
+                   f"replayed from the same buffer state{_over_windows(ans.loc[cf.index])}): "
                    f"{int(cf.astype(bool).sum())} of "
                    f"{len(cf)} answers were right (pass@1)."
                    + (f" Before/after (the next window against the one it judged, which noise "
@@ -602,7 +602,7 @@ def decisions_figure(decisions: pd.DataFrame, hits: pd.DataFrame, bel_runs: pd.D
         if lines:
             wrapped = "\n".join(textwrap.shorten(t, 150) for t in lines[:8])
             judged = (f" ([right] / [wrong]: judged against its counterfactual"
-                      f"{_over_windows(d, d.index)};\n no mark: too close to call, or applied too "
+                      f"{_over_windows(d)};\n no mark: too close to call, or applied too "
                       "near the run's end)") if "correct_cf" in d and d["correct_cf"].notna().any() else ""
             # a fixed offset below the axes (under the x label), whatever height tight_layout
             # leaves the panel for this many lines
