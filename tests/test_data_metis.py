@@ -63,6 +63,32 @@ def test_the_same_cut_in_every_process_and_call(small):
     assert other != here[0]  # the seed is METIS's (which takes 0 and 1 for one seed)
 
 
+def test_another_thread_drawing_from_rand_leaves_the_cut_alone(small):
+    """METIS draws from libc's rand(); a thread of the same process drawing from it during a cut
+    moved 9-12k of synth-small's 20k nodes, until the cut ran in a child process of its own."""
+    import ctypes
+    import threading
+
+    want = _digest(metis.assignment(small, 2, small.ndata["train_mask"], True, seed=0))
+    libc, stop, draws = ctypes.CDLL(None), threading.Event(), [0]
+
+    def draw():
+        while not stop.is_set():
+            libc.rand()
+            draws[0] += 1
+
+    t = threading.Thread(target=draw, daemon=True)
+    t.start()
+    try:
+        got = [_digest(metis.assignment(small, 2, small.ndata["train_mask"], True, seed=0))
+               for _ in range(2)]
+    finally:
+        stop.set()
+        t.join()
+    assert draws[0] > 1000  # the thread did draw while the cuts ran
+    assert got == [want, want]
+
+
 def test_balance_constraints_and_a_real_cut(small):
     train = small.ndata["train_mask"].numpy().astype(bool)
     owner = metis.assignment(small, 4, small.ndata["train_mask"], True, seed=0).numpy()

@@ -11,7 +11,10 @@ weights (one column per value of `balance_ntypes`, then in-degrees per value whe
 METIS_PartGraphKway / Recursive are called through ctypes: pymetis's `part_graph` hands METIS one
 balance constraint whatever the weights (measured: with DGL's four columns the train nodes of a
 2-way cut came out 507 / 693; called directly with ncon = 4, 611 / 589, METIS's 3%). METIS draws
-from the C library's rand(), so seeds 0 and 1 give one cut.
+from the C library's rand(), so seeds 0 and 1 give one cut, and any other thread of the process
+that calls rand() during the cut changes it (measured: 9-12k of synth-small's 20k nodes moved
+with one such thread; a full pytest run hit it). So the call runs in a child process of its own
+(`_in_child`, about 0.2 s), where nothing else draws.
 
 `seeded_metis(seed)` is a context in which partition_graph uses this assignment; the rest of
 partition_graph (halo construction, id reshuffle, files) is DGL's own.
@@ -20,6 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -76,19 +84,12 @@ def assignment(g, k: int, balance_ntypes=None, balance_edges: bool = False,
     # METIS reads the weights node-major: node i's ncon weights side by side
     vwgt = torch.stack(columns, 1).reshape(-1).numpy().astype(np.int64) if columns else None
 
-    lib, index = _library()
-    options = np.zeros(64, dtype=np.int64)  # >= METIS_NOPTIONS (40)
-    lib.METIS_SetDefaultOptions(_ptr(options))
-    options[index.SEED] = int(seed)
-    options[index.OBJTYPE] = 0 if objtype == "cut" else 1  # METIS_OBJTYPE_CUT / _VOL
+    _library()  # pymetis missing or unfit: its error here, before a child starts
     xadj = np.ascontiguousarray(indptr.numpy(), dtype=np.int64)
     adjncy = np.ascontiguousarray(indices.numpy(), dtype=np.int64)
-    nvtxs, ncon, nparts, cut = (ctypes.c_int64(x) for x in (n, max(1, len(columns)), k, 0))
-    part = np.zeros(n, dtype=np.int64)
-    call = lib.METIS_PartGraphRecursive if mode == "recursive" else lib.METIS_PartGraphKway
-    status = call(ctypes.byref(nvtxs), ctypes.byref(ncon), _ptr(xadj), _ptr(adjncy), _ptr(vwgt),
-                  None, None, ctypes.byref(nparts), None, None, _ptr(options),
-                  ctypes.byref(cut), _ptr(part))
+    status, part = _in_child(xadj=xadj, adjncy=adjncy, vwgt=vwgt, k=k, seed=int(seed),
+                             recursive=mode == "recursive", vol=objtype == "vol",
+                             ncon=max(1, len(columns)))
     if status != METIS_OK:
         raise RuntimeError(f"METIS into {k} parts failed (status {status}) on {n} nodes")
     return torch.from_numpy(part)
@@ -111,3 +112,50 @@ def seeded_metis(seed: int) -> Iterator[None]:
         yield
     finally:
         dgl_partition.metis_partition_assignment = original
+
+
+def _in_child(**call) -> tuple[int, np.ndarray]:
+    """_call(**call) in a fresh interpreter: its rand() is METIS's alone (see the module's doc)."""
+    with tempfile.TemporaryDirectory(prefix="rudder-metis-") as tmp:
+        args, out = Path(tmp) / "args.npz", Path(tmp) / "part.npz"
+        np.savez(args, **{k: (np.zeros(0, np.int64) if v is None else np.asarray(v))
+                          for k, v in call.items()})
+        root = str(Path(__file__).resolve().parents[2])  # this checkout's rudder, wherever the cwd
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        r = subprocess.run([sys.executable, "-c", "from rudder.data.metis import _child; _child()",
+                            str(args), str(out)],
+                           capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise RuntimeError(f"the METIS child process failed (exit {r.returncode}): "
+                               f"{r.stderr.strip()[-2000:]}")
+        with np.load(out) as res:
+            return int(res["status"]), res["part"]
+
+
+def _call(xadj: np.ndarray, adjncy: np.ndarray, vwgt: np.ndarray | None, k: int, seed: int,
+          recursive: bool, vol: bool, ncon: int) -> tuple[int, np.ndarray]:
+    """METIS_PartGraphKway (or Recursive) on a CSR graph with `ncon` weights per node: (status,
+    part). Call it only where no other thread draws from rand(): `_in_child` does."""
+    lib, index = _library()
+    options = np.zeros(64, dtype=np.int64)  # >= METIS_NOPTIONS (40)
+    lib.METIS_SetDefaultOptions(_ptr(options))
+    options[index.SEED] = seed
+    options[index.OBJTYPE] = 1 if vol else 0  # METIS_OBJTYPE_VOL / _CUT
+    n = xadj.size - 1
+    nvtxs, ncon_, nparts, cut = (ctypes.c_int64(x) for x in (n, ncon, k, 0))
+    part = np.zeros(n, dtype=np.int64)
+    call = lib.METIS_PartGraphRecursive if recursive else lib.METIS_PartGraphKway
+    status = call(ctypes.byref(nvtxs), ctypes.byref(ncon_), _ptr(xadj), _ptr(adjncy), _ptr(vwgt),
+                  None, None, ctypes.byref(nparts), None, None, _ptr(options),
+                  ctypes.byref(cut), _ptr(part))
+    return int(status), part
+
+
+def _child() -> None:
+    """The child process of _in_child: argv args.npz in, part.npz out."""
+    with np.load(sys.argv[1]) as a:
+        kw = {k: a[k] for k in a.files}
+    w = kw.pop("vwgt")
+    st, pt = _call(kw.pop("xadj"), kw.pop("adjncy"), w if w.size else None,
+                   **{k: int(v) for k, v in kw.items()})
+    np.savez(sys.argv[2], status=st, part=pt)
