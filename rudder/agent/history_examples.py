@@ -255,8 +255,6 @@ class ExamplePool:
 
 
 @lru_cache(maxsize=1)
-
-
 def example_pool() -> ExamplePool:
     """The shipped pool (POOL_FILE), read once per process."""
     lines = POOL_FILE.read_text().splitlines()
@@ -268,8 +266,6 @@ def example_pool() -> ExamplePool:
 
 
 @lru_cache(maxsize=1)
-
-
 def pool_design() -> dict[str, Any]:
     """What the retrieved examples depend on, for the prompt design's hash."""
     return {"pool": hashlib.sha256(POOL_FILE.read_bytes()).hexdigest()[:16], "k": RETRIEVE_K,
