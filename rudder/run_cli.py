@@ -1,4 +1,4 @@
-"""`rudder run --config FILE [--set key=value ...] [--check] [--dry-run]`: one training run."""
+"""`rudder run [CONFIG | --config CONFIG] [--set key=value ...] [--check] [--dry-run]`: one training run."""
 from __future__ import annotations
 
 import argparse
@@ -6,11 +6,16 @@ import argparse
 import yaml
 
 
+DEFAULT_CONFIG = "configs/baseline.yaml"
+
+
 def register(sub) -> None:
     p = sub.add_parser("run", help="run one training run from a YAML config",
                        description="Stage + partition the dataset, start an emulated cluster "
                        "(DGL servers, trainers, agent service) and train; records go to runs/<id>/.")
-    p.add_argument("--config", default="configs/baseline.yaml", help="run config YAML (default: %(default)s)")
+    # Both spellings: `rudder run my.yaml` is what a newcomer types first.
+    p.add_argument("config_file", nargs="?", metavar="CONFIG", help="run config YAML (same as --config)")
+    p.add_argument("--config", help=f"run config YAML (default: {DEFAULT_CONFIG})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set prefetch.policy=fixed (repeatable)")
     p.add_argument("--run-id", help="run id (default: time-policy-random)")
@@ -41,7 +46,9 @@ def _run(args: argparse.Namespace) -> int:
     from rudder.config import load_run_config
     from rudder.runner import execute_run
 
-    cfg = load_run_config(args.config, parse_overrides(args.set))
+    if args.config_file and args.config and args.config_file != args.config:
+        raise ValueError(f"two configs given: {args.config_file} and --config {args.config}; give one")
+    cfg = load_run_config(args.config_file or args.config or DEFAULT_CONFIG, parse_overrides(args.set))
     if args.dry_run:
         return dry_run(cfg, args.run_id)
     res = execute_run(cfg, run_id=args.run_id, check=args.check)

@@ -128,6 +128,19 @@ def test_dry_run_prints_the_resolved_config_and_starts_nothing(tmp_path):
     assert r.returncode == 2 and "--run-id" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_run_takes_its_config_as_an_argument_too(tmp_path):
+    """`rudder run my.yaml` (what a newcomer types first) is `--config my.yaml`; two different
+    configs are one clear error."""
+    import yaml
+
+    cfgp = _yaml(tmp_path, {"dataset": {"root": str(tmp_path / "data")}, "train": {"epochs": 3}})
+    r = cli("run", str(cfgp), "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["train"]["epochs"] == 3
+    r = cli("run", str(cfgp), "--dry-run", "--config", str(tmp_path / "other.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "two configs given" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()
+
 # -- agent URL -----------------------------------------------------------------------------------
 
 def _agent_cfg(url, **cluster):
