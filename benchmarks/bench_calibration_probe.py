@@ -112,12 +112,12 @@ def summarise_runs(runs: dict[str, dict]) -> dict[str, dict]:
 class Probe:
     """The model's logit margin of `true` over `false` after `{"replace":`."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, threads: int = 1):
         from rudder.agent.choice import ChoiceDecoder
         from rudder.agent.decision import InprocBackend
         from rudder.agent.models import resolve
 
-        self.backend = InprocBackend(resolve(model), threads=1)
+        self.backend = InprocBackend(resolve(model), threads=threads)  # the margins do not depend on it
         self.llm = self.backend.llm
         self.decoder = ChoiceDecoder(self.llm)
         yes = self.llm.tokenize(b'{"replace": true', add_bos=False, special=False)

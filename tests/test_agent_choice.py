@@ -10,6 +10,7 @@ import pytest
 
 from rudder.agent.choice import template
 from rudder.agent.messages import Answer, answer_schema
+from llm_threads import LLM_THREADS  # tests/llm_threads.py
 
 TEMPLATED = [dict(evidence_reason=True), dict(evidence_reason=True, measured=False),
              dict(reason_first=False, evidence_reason=True),
@@ -81,8 +82,8 @@ def smollm():
     from rudder.agent.choice import ChoiceDecoder
     from rudder.agent.models import resolve
 
-    llm = Llama(model_path=str(resolve("smollm2-135m")), n_ctx=4096, n_threads=1,
-                n_threads_batch=1, seed=0, verbose=False)
+    llm = Llama(model_path=str(resolve("smollm2-135m")), n_ctx=4096, n_threads=LLM_THREADS,
+                n_threads_batch=LLM_THREADS, seed=0, verbose=False)
     yield llm, ChoiceDecoder(llm)
     llm.close()
 

@@ -13,6 +13,7 @@ from rudder.agent.messages import Answer, answer_schema
 from rudder.agent.models import resolve
 from rudder.agent.service import free_port
 from rudder.records import DECISION_FIELDS
+from llm_threads import LLM_THREADS  # tests/llm_threads.py
 
 CTX = {"rank": 0, "num_trainers": 2, "part_id": 0, "num_parts": 2, "num_nodes": 100_000,
        "partition_nodes": 50_000, "halo_nodes": 20_000, "capacity": 5_000, "batch_size": 1000,
@@ -150,7 +151,7 @@ def short_prompt(reason_first=True):
 
 @pytest.fixture(scope="module")
 def smollm():
-    b = InprocBackend(resolve("smollm2-135m"), threads=1)
+    b = InprocBackend(resolve("smollm2-135m"), threads=LLM_THREADS)
     yield b
     b.close()
 
@@ -210,7 +211,7 @@ def test_inproc_cancelled_answer_says_so(smollm):
 
 @pytest.mark.slow  # loads SmolLM2
 def test_inproc_close_twice_is_safe():
-    b = InprocBackend(resolve("smollm2-135m"), threads=1)
+    b = InprocBackend(resolve("smollm2-135m"), threads=LLM_THREADS)
     b.close()
     b.close()
     d = DecisionMaker(b, "smollm2-135m").decide(short_prompt())

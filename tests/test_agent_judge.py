@@ -18,6 +18,7 @@ from rudder.agent.signals import window_signals
 from rudder.config import AgentConfig, PrefetchConfig
 
 from test_agent_policy import ScriptedBackend, ctx, drive, step, win  # noqa: E402 (tests/ is on sys.path)
+from llm_threads import LLM_THREADS  # noqa: E402 (tests/llm_threads.py)
 
 
 def judge_answer(replace=True, budget="medium", admit="any"):
@@ -101,7 +102,7 @@ def test_real_model_answers_the_judge_prompt_with_an_admission():
     from rudder.agent.decision import InprocBackend
     from rudder.agent.models import resolve
 
-    backend = InprocBackend(resolve("smollm2-135m"), threads=1)
+    backend = InprocBackend(resolve("smollm2-135m"), threads=LLM_THREADS)
     try:
         maker = DecisionMaker(backend, "smollm2-135m", timeout_s=600)
         pol = AgentPolicy(PrefetchConfig(policy="agent", window=5, admit="misses"),

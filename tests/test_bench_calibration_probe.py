@@ -16,6 +16,7 @@ import bench_calibration_probe as probe_bench  # noqa: E402
 
 from rudder.agent import context  # noqa: E402
 from rudder.agent.history_examples import PAST_CANNED  # noqa: E402
+from llm_threads import LLM_THREADS  # noqa: E402 (tests/llm_threads.py)
 
 SHIPPED = ROOT / "benchmarks" / "results" / "cf_suite_past" / "heldout-synth-medium.jsonl"
 
@@ -89,7 +90,7 @@ def test_an_order_that_repeats_an_example_is_refused_and_the_prompt_kept():
 def test_a_real_probe_reads_margins_and_restores_the_prompt():
     windows = [json.loads(x) for x in SHIPPED.read_text().splitlines() if x.strip()][:2]
     before_examples, before_variant = list(PAST_CANNED), context.VARIANTS["judge-history-2b"]
-    probe = probe_bench.Probe("smollm2-135m")
+    probe = probe_bench.Probe("smollm2-135m", threads=LLM_THREADS)
     assert probe.yes != probe.no
     rows = probe_bench.probe_order(probe, windows, [1, 0, 3, 2], decision_first=True)
     assert [r["source"] for r in rows] == [w["source"] for w in windows]

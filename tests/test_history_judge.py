@@ -19,6 +19,7 @@ from rudder.agent.signals import window_signals
 from rudder.prefetch.buffer import HaloBuffer
 from rudder.sim.simulate import simulate
 from rudder.sim.tracegen import random_trace
+from llm_threads import LLM_THREADS  # tests/llm_threads.py
 
 
 def test_roll_misses_counts_each_windows_missed_set_against_the_one_before():
@@ -128,7 +129,7 @@ def test_smollm2_answers_the_history_judge_prompt():
     from rudder.agent.decision import DecisionMaker, InprocBackend
     from rudder.agent.models import resolve
 
-    backend = InprocBackend(resolve("smollm2-135m"), threads=1)
+    backend = InprocBackend(resolve("smollm2-135m"), threads=LLM_THREADS)
     try:
         maker = DecisionMaker(backend, "smollm2-135m", timeout_s=600)
         cb = ContextBuilder({**CANNED_CONTEXT, "lookahead": 0, "capacity": 1400, "window": 5}, "judge-history")

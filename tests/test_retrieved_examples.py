@@ -26,6 +26,7 @@ from rudder.agent.history_examples import (
     pool_reason,
 )
 from rudder.agent.messages import Answer, HistoryEntry
+from llm_threads import LLM_THREADS  # tests/llm_threads.py
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = 1420
@@ -182,7 +183,7 @@ def test_smollm2_answers_the_judge_history_3_prompt():
     from rudder.agent.decision import DecisionMaker, InprocBackend
     from rudder.agent.models import resolve
 
-    backend = InprocBackend(resolve("smollm2-135m"), threads=1)
+    backend = InprocBackend(resolve("smollm2-135m"), threads=LLM_THREADS)
     try:
         maker = DecisionMaker(backend, "smollm2-135m", timeout_s=600)
         c = PAST_CANNED[1]
