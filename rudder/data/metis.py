@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -115,21 +116,22 @@ def seeded_metis(seed: int) -> Iterator[None]:
 
 
 def _in_child(**call) -> tuple[int, np.ndarray]:
-    """_call(**call) in a fresh interpreter: its rand() is METIS's alone (see the module's doc)."""
+    """_call(**call) in a fresh interpreter: its rand() is METIS's alone (see the module's doc).
+    The arrays go through .npy files in a temporary folder ($TMPDIR) that the child maps (copy
+    on write: METIS only reads them) rather than reads into memory of its own."""
     with tempfile.TemporaryDirectory(prefix="rudder-metis-") as tmp:
-        args, out = Path(tmp) / "args.npz", Path(tmp) / "part.npz"
-        np.savez(args, **{k: (np.zeros(0, np.int64) if v is None else np.asarray(v))
-                          for k, v in call.items()})
+        arrays = {k: v for k, v in call.items() if isinstance(v, np.ndarray)}
+        for name, a in arrays.items():
+            np.save(Path(tmp) / f"{name}.npy", a)
+        scalars = {k: int(v) for k, v in call.items() if k not in arrays and v is not None}
         root = str(Path(__file__).resolve().parents[2])  # this checkout's rudder, wherever the cwd
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         r = subprocess.run([sys.executable, "-c", "from rudder.data.metis import _child; _child()",
-                            str(args), str(out)],
-                           capture_output=True, text=True, env=env)
+                            tmp, json.dumps(scalars)], capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"the METIS child process failed (exit {r.returncode}): "
                                f"{r.stderr.strip()[-2000:]}")
-        with np.load(out) as res:
-            return int(res["status"]), res["part"]
+        return int(r.stdout.strip().splitlines()[-1]), np.load(Path(tmp) / "part.npy")
 
 
 def _call(xadj: np.ndarray, adjncy: np.ndarray, vwgt: np.ndarray | None, k: int, seed: int,
@@ -152,10 +154,10 @@ def _call(xadj: np.ndarray, adjncy: np.ndarray, vwgt: np.ndarray | None, k: int,
 
 
 def _child() -> None:
-    """The child process of _in_child: argv args.npz in, part.npz out."""
-    with np.load(sys.argv[1]) as a:
-        kw = {k: a[k] for k in a.files}
-    w = kw.pop("vwgt")
-    st, pt = _call(kw.pop("xadj"), kw.pop("adjncy"), w if w.size else None,
-                   **{k: int(v) for k, v in kw.items()})
-    np.savez(sys.argv[2], status=st, part=pt)
+    """The child process of _in_child: argv the folder of its .npy files and its scalars (JSON);
+    writes part.npy there and prints METIS's status."""
+    folder, scalars = Path(sys.argv[1]), json.loads(sys.argv[2])
+    arrays = {p.stem: np.load(p, mmap_mode="c") for p in folder.glob("*.npy")}
+    status, part = _call(arrays["xadj"], arrays["adjncy"], arrays.get("vwgt"), **scalars)
+    np.save(folder / "part.npy", part)
+    print(status)
