@@ -182,3 +182,18 @@ def test_tracegen_cuts_the_graph_as_rudder_data_partition(tmp_path, method):
     owner = _owner(info)
     g, _ = load_graph("synth-small")
     assert np.array_equal(partition_assignment(g, 2, method), owner)
+
+
+def test_the_child_process_benchmark_runs_both_ways():
+    """benchmarks/bench_metis_child.py (BENCHMARKS §14) times `_call` in process against
+    `_in_child`, which take the same arguments; its child cuts are the in-process cut alone."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_metis_child.py"),
+                        "--graph", "synth-tiny", "--parts", "2", "--rounds", "1"],
+                       capture_output=True, text=True, cwd=repo)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("round 0")]
+    assert len(rows) == 4 and rows[0].endswith("the same cut")
+    assert all(ln.endswith("the same cut") for ln in rows if "child process" in ln), rows
