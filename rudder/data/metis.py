@@ -14,7 +14,7 @@ balance constraint whatever the weights (measured: with DGL's four columns the t
 from the C library's rand(), so seeds 0 and 1 give one cut, and any other thread of the process
 that calls rand() during the cut changes it (measured: 9-12k of synth-small's 20k nodes moved
 with one such thread; a full pytest run hit it). So the call runs in a child process of its own
-(`_in_child`, about 0.2 s), where nothing else draws.
+(`_in_child`: about 0.5 s more per cut, BENCHMARKS §14), where nothing else draws.
 
 `seeded_metis(seed)` is a context in which partition_graph uses this assignment; the rest of
 partition_graph (halo construction, id reshuffle, files) is DGL's own.
