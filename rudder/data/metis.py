@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -124,10 +123,10 @@ def _in_child(**call) -> tuple[int, np.ndarray]:
         for name, a in arrays.items():
             np.save(Path(tmp) / f"{name}.npy", a)
         scalars = {k: int(v) for k, v in call.items() if k not in arrays and v is not None}
-        root = str(Path(__file__).resolve().parents[2])  # this checkout's rudder, wherever the cwd
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        r = subprocess.run([sys.executable, "-c", "from rudder.data.metis import _child; _child()",
-                            tmp, json.dumps(scalars)], capture_output=True, text=True, env=env)
+        # this file as a script (it imports nothing of rudder's; -P: its folder not on sys.path),
+        # so the child needs no PYTHONPATH for the package and starts without importing it
+        r = subprocess.run([sys.executable, "-P", __file__, tmp, json.dumps(scalars)],
+                           capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"the METIS child process failed (exit {r.returncode}): "
                                f"{r.stderr.strip()[-2000:]}")
@@ -154,10 +153,14 @@ def _call(xadj: np.ndarray, adjncy: np.ndarray, vwgt: np.ndarray | None, k: int,
 
 
 def _child() -> None:
-    """The child process of _in_child: argv the folder of its .npy files and its scalars (JSON);
-    writes part.npy there and prints METIS's status."""
+    """The child process of _in_child (this file run as a script): argv the folder of its .npy
+    files and its scalars (JSON); writes part.npy there and prints METIS's status."""
     folder, scalars = Path(sys.argv[1]), json.loads(sys.argv[2])
     arrays = {p.stem: np.load(p, mmap_mode="c") for p in folder.glob("*.npy")}
     status, part = _call(arrays["xadj"], arrays["adjncy"], arrays.get("vwgt"), **scalars)
     np.save(folder / "part.npy", part)
     print(status)
+
+
+if __name__ == "__main__":
+    _child()
