@@ -30,7 +30,7 @@ def main() -> None:
 
     g, _ = load_graph(a.graph)
     in_child = metis._in_child
-    ways = {"in process": lambda **c: metis._call(**c), "child process": in_child}
+    ways = {"in process": metis._call, "child process": in_child}
     libc, want = ctypes.CDLL(None), None
 
     def draw(stop: threading.Event) -> None:

@@ -141,6 +141,7 @@ def test_run_takes_its_config_as_an_argument_too(tmp_path):
     assert r.returncode == 2 and "two configs given" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()
 
+
 # -- agent URL -----------------------------------------------------------------------------------
 
 def _agent_cfg(url, **cluster):
