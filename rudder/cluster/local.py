@@ -21,6 +21,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from rudder.child_env import with_this_rudder
 from rudder.cluster import netns as nets
 from rudder.cluster.exits import describe_exit
 
@@ -37,7 +38,6 @@ _ROLE_VARS = frozenset({
     "RUDDER_ADDRESSES", "RUDDER_RUN_DIR", "RUDDER_IP_CONFIG", "RUDDER_SERVICE_ID", "RUDDER_DGL_MACHINE_ADDR",
     "RUDDER_READY_FILE", "RUDDER_STORE_FD", "RUDDER_THREADS", "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_RESTART_COUNT"})
-_PKG_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding `rudder/`
 
 
 class ClusterError(RuntimeError):
@@ -461,11 +461,7 @@ class LocalCluster:
         base = {k: v for k, v in os.environ.items() if k not in _ROLE_VARS}
         base["DGLBACKEND"] = "pytorch"
         base.setdefault("PYTHONUNBUFFERED", "1")  # logs stay current, even for a killed child
-        # Children find this interpreter's venv scripts and this copy of the package first.
-        bindir = str(Path(sys.executable).parent)
-        base["PATH"] = os.pathsep.join([bindir, base.get("PATH", "/usr/bin:/bin")])
-        base["PYTHONPATH"] = os.pathsep.join(
-            p for p in [_PKG_ROOT, base.get("PYTHONPATH", "")] if p)
+        base = with_this_rudder(base)  # this venv's scripts and this copy of the package first
         base.update({k: str(v) for k, v in (env or {}).items()})
         if "OMP_NUM_THREADS" not in base:  # emulated machines share this host's cores
             base["OMP_NUM_THREADS"] = str(self.threads_per_trainer())

@@ -31,6 +31,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rudder.child_env import with_this_rudder
 from rudder.config import ConfigError, format_validation_error, load_yaml
 
 HEAVY_APPS = ("stage", "partition", "train")  # run where the data and the machines are
@@ -339,14 +340,7 @@ def prepare_environment(repo_root: str | Path | None = None) -> None:
     """What Parsl's helper processes need from this process's environment (they inherit it;
     Slurm jobs too, sbatch exports it): the venv's bin first on PATH (interchange.py,
     process_worker_pool.py) and the repo root on PYTHONPATH (workers import `apps`)."""
-    bindir = str(Path(sys.executable).parent)
-    path = os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
-    if bindir not in path:
-        os.environ["PATH"] = os.pathsep.join([bindir, *path])
-    root = str(Path(repo_root or Path(__file__).resolve().parents[2]))
-    pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in pp:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *pp])
+    os.environ.update(with_this_rudder(os.environ, repo_root))
 
 
 def _address(addr: Any) -> str:
