@@ -374,15 +374,31 @@ def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file not found: {path}")
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a file (a YAML config is expected)")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not a text file (not UTF-8 at byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"malformed YAML in {path}: {exc}") from None
+        raise ConfigError(f"malformed YAML in {path}{_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what, on one line (PyYAML's own text spans lines and names '<unicode string>')."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f": {exc}"
+    context = getattr(exc, "context", None)
+    return (f", line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+            + (f" ({context})" if context else ""))
 
 
 def parse_config(model: type[BaseModel], data: dict, source: str = "<dict>"):

@@ -39,6 +39,23 @@ def test_bad_config_names_the_problem(tmp_path, text, needle):
     assert needle in str(err.value)
 
 
+@pytest.mark.parametrize("content,needle", [
+    (b"train: [1, 2\n", "malformed YAML in {path}, line 2, column 1: expected ',' or ']'"),
+    (b"a:\n\tb: 1\n", "malformed YAML in {path}, line 2, column 1: found character '\\t'"),
+    (b"\xe6\x00\xff", "{path} is not a text file (not UTF-8 at byte 0)"),
+    (None, "{path} is not a file"),
+])
+def test_an_unreadable_config_is_one_line_naming_the_file(tmp_path, content, needle):
+    path = tmp_path / "c.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        load_run_config(path)
+    assert needle.format(path=path) in str(err.value) and "\n" not in str(err.value)
+
+
 def test_missing_file():
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         load_run_config("nope.yaml")
