@@ -7,7 +7,7 @@
 
 A step's compute is the least t_compute over the ranks: a rank's t_compute includes waiting at
 the gradient all-reduce for the slowest rank (often one still fetching), so the least is the
-work itself. The same definition as the results store's `vs-none` query (bound_s). A run's
+work itself. The same definition as the results store's `vs_none` query (bound_s). A run's
 bound is the mean over its epochs, set beside its epoch time (the slowest rank's t_epoch, mean
 over epochs); the ratios epoch / bound are >= 1 for any real run.
 """

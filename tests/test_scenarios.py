@@ -163,6 +163,10 @@ def test_scenario_configs_load():
     cold = cfgs["history_cold"]
     assert (cold.prefetch.lookahead, cold.prefetch.init, cold.agent.prompt) == (0, "random", "judge-history")
     assert resolve_spec(cfgs["ring_cluster"].dataset.name).structure == "ring"
+    # past_windows only matters to a prompt that shows the past counterfactual
+    from rudder.agent.context import PAST_VARIANTS
+    wide = {n: c.agent.prompt for n, c in cfgs.items() if c.prefetch.past_windows > 1}
+    assert wide and all(prompt in PAST_VARIANTS for prompt in wide.values()), wide
 
 
 def test_ring_scenario_traces_and_replays(tmp_path):

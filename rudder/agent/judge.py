@@ -1,6 +1,6 @@
 """Where a decision is judged: every rule that says whether a decision was right, in one place.
 
-A decision is judged on what happened after it, in one of four senses, each used where it fits:
+A decision is judged on what happened after it, in one of five senses, each used where it fits:
   prediction  the agent's predicted directions came true in the window after it
               (`reflect`: Decision.correct, Pass@1; the history the prompts show)
   action      the action paid for itself within one window (`LabelRule`: the classifiers'

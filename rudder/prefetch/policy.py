@@ -2,7 +2,7 @@
 mechanism (HaloBuffer) decides nothing on its own. Policies run in the loader thread, between
 two minibatches, so they never see the buffer change under them.
 
-A policy is three small methods, each saying when it runs:
+A policy is five small methods (and `close`), each saying when it runs:
   - `setup(ctx)`        once, after the buffer is built (ctx: static facts of the run)
   - `plan(step)`        before each minibatch's features are assembled: replace now? how?
   - `wait_ready(t)`     once, before training starts (a model loading); default: no wait

@@ -1,6 +1,6 @@
 """Named example queries over the results store: the questions a scaling study asks.
 
-Each is plain SQL over the tables documented in rudder/results/store.py; `{runs}` stands for the
+Each is plain SQL over the tables defined in rudder/results/schema.py; `{runs}` stands for the
 runs table, optionally restricted to one study. Conventions shared by the queries:
 
 - Performance summaries (speedup, remote_rows, hit_rate) use complete runs only: a failed run's

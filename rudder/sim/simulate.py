@@ -12,7 +12,8 @@ behind its Replayer adapter).
 
 Policy names take their knobs after colons, in the order each policy declares them
 (`Policy.knobs`); a comma list is a grid:
-  fixed[:PERIOD[:ALPHA]]          fixed:10,25,50
+  fixed[:PERIOD[:ALPHA[:EVICT]]]  fixed:10,25,50
+  rule[:LOOKAHEAD:BUDGET:ADMIT:WINDOW]
   lookahead[:DEPTH[:BUDGET[:ADMIT]]]  lookahead:1,3:0.01,0.05:misses,any
                                   (DEPTH `epoch`: prefetch.schedule_ahead, what the loader sampled)
   classifier:NAME                 agent   none   static   lru   lfu   s3fifo   sieve   belady
