@@ -153,7 +153,7 @@ def resolve_spec(name_or_spec: str | SyntheticSpec | dict[str, Any], seed: int |
     elif name_or_spec in PRESETS:
         spec = PRESETS[name_or_spec]
     else:
-        raise ValueError(f"unknown synthetic preset {name_or_spec!r}; valid: {sorted(PRESETS)}")
+        raise ValueError(f"unknown synthetic preset {name_or_spec!r}; valid: {', '.join(sorted(PRESETS))}")
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
     return spec
