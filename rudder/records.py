@@ -441,7 +441,8 @@ def read_run(run_dir: str | Path, missing_ok: bool = False) -> dict:
     if not path.exists():
         if missing_ok:
             return {}
-        raise FileNotFoundError(f"no run.json in {run_dir}")
+        what = "no run.json in" if Path(run_dir).is_dir() else "no run directory at"
+        raise FileNotFoundError(f"{what} {run_dir}")
     return json.loads(path.read_text())
 
 

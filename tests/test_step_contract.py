@@ -77,6 +77,8 @@ def test_read_run(tmp_path):
     assert read_run(tmp_path, missing_ok=True) == {}
     with pytest.raises(FileNotFoundError, match="no run.json"):
         read_run(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no run directory at .*nowhere"):
+        read_run(tmp_path / "nowhere")
     (tmp_path / "run.json").write_text('{"run_id": "x"}')
     assert read_run(tmp_path) == {"run_id": "x"}
 
