@@ -78,18 +78,30 @@ class KeepBackend(RuleBackend):
                                       "expected": {"hit_rate": "flat", "remote_rows": "flat"}}), "stop")
 
 
+class ReplaceBackend(RuleBackend):
+    """Always replace: the other constant answer."""
+
+    def complete(self, messages, schema, max_tokens, timeout_s, cancel=None):
+        return Completion(json.dumps({"reason": "replace" + conclusion(True), "replace": True, "budget": "medium",
+                                      "expected": {"hit_rate": "up", "remote_rows": "down"}}), "stop")
+
+
 def test_majority_baseline_is_what_a_constant_answer_scores():
     seen = []
-    windows = load_windows(STARTER)[:9]  # 4 replace, 5 keep? counted below, not assumed
+    windows = load_windows(STARTER)[:9]  # 4 keep, 5 replace: counted below, not assumed
+    n_keep = sum(not w["label_replace"] for w in windows)
+    keep, replace = n_keep / len(windows), (len(windows) - n_keep) / len(windows)
     res = evaluate(DecisionMaker(KeepBackend(), "keep"), windows, "default",
                    progress=lambda r, total: seen.append((r.n, total)))
-    keep = sum(not w["label_replace"] for w in windows) / len(windows)
+    rep = evaluate(DecisionMaker(ReplaceBackend(), "replace"), windows, "default")
+    # each constant answer is right on exactly the windows labelled with it
+    assert res.accuracy == keep and rep.accuracy == replace
     label, share = res.majority
-    assert share == max(keep, 1 - keep) and label == ("keep" if keep > 0.5 else "replace")
-    if keep > 0.5:
-        assert res.accuracy == share  # always keep scores exactly the keep baseline
+    assert share == max(res.accuracy, rep.accuracy) and label == ("keep" if keep > 0.5 else "replace")
+    assert rep.majority == res.majority  # the baseline depends on the labels, not the answers
     s = res.summary()
     assert (s["majority"], s["majority_answer"], s["replace_share"]) == (round(share, 3), label, 0.0)
+    assert rep.summary()["replace_share"] == 1.0
     assert seen == [(i, 9) for i in range(1, 10)]  # progress after every window
 
 
