@@ -42,9 +42,14 @@ def test_batch_calibration_needs_no_twin():
     assert np.isnan(s["accuracy_calibrated_per_window"]) and np.isnan(s["auc_calibrated"])
     assert s["accuracy_batch_calibrated"] == 1.0  # the batch's mean margin, -0.675, splits them
     assert probe_bench.online_offsets(np.array([1.0, 3.0, 5.0])).tolist() == [0.0, 1.0, 2.0]
-    # online: each window against the mean of those before it, over shuffles, so never above the batch's
-    assert 0.0 <= s["accuracy_batch_online"] <= 1.0
-    assert probe_bench.summarise(m, None, labels)["accuracy_batch_online"] == s["accuracy_batch_online"]  # seeded
+    # online: each window against the mean of those before it (0 for the first), averaged over
+    # the benchmark's 200 shuffles of seed 0
+    rng, accs = np.random.default_rng(0), []
+    for _ in range(200):
+        order = rng.permutation(4)
+        accs.append(np.mean([(m[i] > (m[order[:k]].mean() if k else 0.0)) == labels[i]
+                             for k, i in enumerate(order)]))
+    assert s["accuracy_batch_online"] == pytest.approx(np.mean(accs))
 
 
 def _run(margins, labels, sources=None):
