@@ -173,6 +173,7 @@ def test_ring_scenario_traces_and_replays(tmp_path):
     """configs/scenarios/ring_cluster.yaml as `rudder tracegen` samples it (a few minibatches),
     replayed under the agent policy with a coin for a decision maker, every decision judged."""
     from rudder.agent.hindsight import collect_run, summarize
+    from rudder.agent.judge import hindsight_label
     from rudder.sim.tracegen import generate_trace, spec_from_config, write_tracegen
 
     cfg = load_run_config(ROOT / "configs" / "scenarios" / "ring_cluster.yaml")
@@ -185,7 +186,14 @@ def test_ring_scenario_traces_and_replays(tmp_path):
     recs = [json.loads(x) for x in (run / "decisions-r0.jsonl").read_text().splitlines()]
     s = summarize(recs)
     assert s["judged"] >= 4 and s["saves"] + s["neutral"] + s["costs"] == s["judged"]
-    assert all(d["correct_cf"] in (True, False, None) for d in recs)
+    horizon = json.loads((run / "run.json").read_text())["judge"]["horizon"]
+    for d in recs:  # judged: applied, no fallback, its horizon's windows within the run (_Forks.fits)
+        a = d["applied_step"]
+        judged = a is not None and not d.get("fallback") and a + horizon * 3 <= trace.num_minibatches
+        assert (d["cf_replace_share"] is not None) == judged, d
+        label = hindsight_label({"share": d["cf_replace_share"]}) if judged else None  # None: too close to call
+        assert d["correct_cf"] == (None if label is None else d["replace"] == label), d
+    assert any(d["applied_step"] is not None and d["correct_cf"] is None for d in recs)  # one too late to judge
 
 
 @pytest.mark.slow
