@@ -182,14 +182,15 @@ def test_ring_scenario_traces_and_replays(tmp_path):
     trace, facts = generate_trace(spec)
     assert trace.num_minibatches == 24 and facts["dataset"] == "synth-ring"
     path = write_tracegen(tmp_path / "t", trace, spec, facts)
-    run = collect_run(path, tmp_path / "runs", window=3, lookahead=cfg.prefetch.lookahead, seed=1)
+    window = 3
+    run = collect_run(path, tmp_path / "runs", window=window, lookahead=cfg.prefetch.lookahead, seed=1)
     recs = [json.loads(x) for x in (run / "decisions-r0.jsonl").read_text().splitlines()]
     s = summarize(recs)
     assert s["judged"] >= 4 and s["saves"] + s["neutral"] + s["costs"] == s["judged"]
     horizon = json.loads((run / "run.json").read_text())["judge"]["horizon"]
     for d in recs:  # judged: applied, no fallback, its horizon's windows within the run (_Forks.fits)
         a = d["applied_step"]
-        judged = a is not None and not d.get("fallback") and a + horizon * 3 <= trace.num_minibatches
+        judged = a is not None and not d.get("fallback") and a + horizon * window <= trace.num_minibatches
         assert (d["cf_replace_share"] is not None) == judged, d
         label = hindsight_label({"share": d["cf_replace_share"]}) if judged else None  # None: too close to call
         assert d["correct_cf"] == (None if label is None else d["replace"] == label), d
