@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         # the reader went away (`rudder query --csv | head`): not an error; no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        # Bad input: one clear line, no traceback (use -v for it).
+    except (ValueError, KeyError, OSError) as exc:
+        # Bad input (a bad value, a missing file, a file where a folder is wanted, a path that
+        # cannot be written, an unknown host): one clear line, no traceback (use -v for it).
         if args.verbose:
             raise
         print(f"rudder {args.command}: error: {exc}", file=sys.stderr)

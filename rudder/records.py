@@ -383,7 +383,10 @@ def read_jsonl(path: Path) -> list[dict]:
     lines = path.read_text().splitlines()
     for i, line in enumerate(lines):
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise json.JSONDecodeError("not an object", line, 0)
+            out.append(rec)
         except json.JSONDecodeError:
             if i < len(lines) - 1:
                 logging.getLogger("rudder.records").warning(
@@ -443,7 +446,13 @@ def read_run(run_dir: str | Path, missing_ok: bool = False) -> dict:
             return {}
         what = "no run.json in" if Path(run_dir).is_dir() else "no run directory at"
         raise FileNotFoundError(f"{what} {run_dir}")
-    return json.loads(path.read_text())
+    try:
+        run = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(run, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return run
 
 
 def update_run_json(run_dir: Path, **fields: Any) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,7 +172,13 @@ class Trace:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"trace not found: {path}")
-        with np.load(path) as z:
+        try:
+            z = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile):  # truncated, or another kind
+            raise ValueError(f"{path}: not a trace (not a readable .npz file)") from None
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path}: not a trace (an .npy array, not an .npz file)")
+        with z:
             missing = {"halo", "offsets", "ids", "epoch", "init", *_SCALARS} - set(z.files)
             if missing:
                 raise ValueError(f"{path}: not a trace, missing {sorted(missing)}")

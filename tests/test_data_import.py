@@ -123,6 +123,18 @@ def test_no_labels_is_an_error_unless_generated(tmp_path, raw):
     assert np.array_equal(label, want)
 
 
+def test_generating_over_an_imported_graph_needs_force(tmp_path, raw):
+    """`rudder data generate NAME` over a graph imported as NAME would replace the user's data."""
+    src, dst, _, _ = raw
+    importers.import_edge_list(write_edges(tmp_path, "npz", src, dst), "synth-tiny", tmp_path,
+                               generate_labels=True)
+    with pytest.raises(ValueError, match=r"synth-tiny in .* holds a graph from import:.*--force"):
+        store.stage("synth-tiny", tmp_path)
+    assert store.load_graph("synth-tiny", tmp_path).num_nodes() == N  # still the imported graph
+    store.stage("synth-tiny", tmp_path, force=True)
+    assert store.read_meta("synth-tiny", tmp_path)["source"] == "synthetic:synth-tiny"
+
+
 def test_one_class_labels_are_recorded(tmp_path, raw):
     src, dst, _, _ = raw
     edges = write_edges(tmp_path, "npz", src, dst)

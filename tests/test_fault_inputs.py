@@ -477,3 +477,61 @@ def test_the_gpu_script_refuses_bad_arguments_before_it_installs(tmp_path, args,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and needle in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+# -- damaged or foreign files handed to the CLI --------------------------------------------------
+
+def _damaged(tmp_path: Path) -> dict[str, Path]:
+    import numpy as np
+
+    from rudder.trace import Trace
+
+    good = Trace.from_minibatches(np.arange(10), [[1, 2], [3]], capacity=2).save(tmp_path / "good.npz")
+    (tmp_path / "truncated.npz").write_bytes(good.read_bytes()[:100])
+    (tmp_path / "text.npz").write_text("halo: 1\n")
+    np.save(tmp_path / "array.npy", np.zeros(3))
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "run.json").write_text("[1]")
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "run.json").write_text('{"run_id": ')
+    (tmp_path / "a_file").write_text("x")
+    return {p.name: p for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["sim", "{truncated.npz}", "-p", "lru"], "{truncated.npz}: not a trace (not a readable .npz file)"),
+    (["sim", "{text.npz}", "-p", "lru"], "{text.npz}: not a trace (not a readable .npz file)"),
+    (["sim", "{array.npy}", "-p", "lru"], "{array.npy}: not a trace (an .npy array, not an .npz file)"),
+    (["data", "import", "--name", "x", "--edges", "{truncated.npz}", "--root", "{list}"],
+     "{truncated.npz}: cannot read an edge list as npz"),
+    (["agent", "judge", "{list}"], "{list}/run.json is not a JSON object"),
+    (["agent", "judge", "{torn}"], "{torn}/run.json is not valid JSON (Expecting value, line 1)"),
+    (["tracegen", "--graph", "synth-tiny", "--fanouts", "-3", "--out", "{list}"], "fanouts: need one entry >= 1"),
+    (["tracegen", "--graph", "synth-tiny", "--max-steps", "0", "--out", "{list}"], "max_steps_per_epoch must be >= 1"),
+    (["data", "generate", "synth-tiny", "--root", "{a_file}"], "Not a directory: '{a_file}"),
+])
+def test_a_damaged_or_foreign_file_is_one_line_naming_it(tmp_path, args, needle):
+    """A truncated .npz, a text file, an .npy, a run.json that is no object or torn, a fanout
+    DGL would abort on, a file where a folder is wanted: exit 2 and one line, no traceback."""
+    files = _damaged(tmp_path)
+    fill = {f"{{{k}}}": str(v) for k, v in files.items()}
+
+    def sub(s: str) -> str:
+        for k, v in fill.items():
+            s = s.replace(k, v)
+        return s
+
+    r = cli(*map(sub, args))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"rudder {args[0]}: error: ") and sub(needle) in last, last
+
+
+def test_a_record_that_is_no_object_is_skipped_as_damage(tmp_path, caplog):
+    from rudder.records import read_jsonl
+
+    path = tmp_path / "decisions-r0.jsonl"
+    path.write_text('{"window": 0}\n[1, 2]\n"text"\n{"window": 1}\n')
+    with caplog.at_level(logging.WARNING, logger="rudder.records"):
+        assert read_jsonl(path) == [{"window": 0}, {"window": 1}]
+    assert sum("is not a JSON record" in r.message for r in caplog.records) == 2

@@ -20,12 +20,24 @@ import logging
 import os
 import re
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from rudder.data.store import dataset_dir, file_lock, is_staged, save_staged
+
+# what numpy raises for a file it cannot read as .npy/.npz (truncated, not a zip, pickled objects)
+_UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
+
+
+def _open_npz(p: str | os.PathLike, what: str):
+    """np.load of an .npz holding `what`; one numpy cannot open is an error naming it."""
+    try:
+        return np.load(p, allow_pickle=False)
+    except _UNREADABLE as exc:
+        raise ValueError(f"{p}: cannot read {what} as npz: {exc}") from None
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +192,7 @@ def read_edge_list(path: str | os.PathLike, format: str | None = None,
     if fmt not in EDGE_FORMATS:
         raise ValueError(f"{p}: unknown edge-list format {fmt!r}; valid: {EDGE_FORMATS}")
     if fmt == "npz":
-        try:
-            z = np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"{p}: cannot read as npz: {exc}") from None
-        with z:
+        with _open_npz(p, "an edge list") as z:
             if src_col in z.files and dst_col in z.files:
                 src, dst = z[src_col], z[dst_col]
             elif "edge_index" in z.files:
@@ -258,14 +266,10 @@ def _read_matrix(path: str | os.PathLike, what: str, keys: Sequence[str]) -> np.
     if fmt == "npy":
         try:
             return np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as exc:
+        except _UNREADABLE as exc:
             raise ValueError(f"{p}: cannot read {what} as npy: {exc}") from None
     if fmt == "npz":
-        try:
-            z = np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"{p}: cannot read {what} as npz: {exc}") from None
-        with z:
+        with _open_npz(p, what) as z:
             for key in keys:
                 if key in z.files:
                     return z[key]
@@ -345,10 +349,7 @@ def read_split(path: str | os.PathLike, num_nodes: int) -> tuple[np.ndarray, ...
     """(train, val, test) bool masks from an npz holding train/val(or valid)/test arrays, each
     either a bool mask of length num_nodes or an index array."""
     p = _need_file(path, "split")
-    try:
-        z = np.load(p, allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"{p}: cannot read split as npz: {exc}") from None
+    z = _open_npz(p, "split")
     masks = []
     with z:
         for names in (("train", "train_idx", "train_mask"),
@@ -500,7 +501,7 @@ def parse_split(text: str) -> tuple[float, float, float]:
 
 def npz_num_nodes(path: str | os.PathLike) -> int | None:
     """The `num_nodes` scalar of an npz edge list, if it holds one."""
-    with np.load(path, allow_pickle=False) as z:
+    with _open_npz(path, "an edge list") as z:
         if "num_nodes" not in z.files:
             return None
         return int(np.asarray(z["num_nodes"]).ravel()[0])
@@ -646,7 +647,7 @@ def load_ogbn_papers100m(dir: str | os.PathLike, name: str = "ogbn-papers100M",
             return dataset_dir(name, root)
         t0 = time.perf_counter()
         data_path = _need_file(d / "raw" / "data.npz", "graph data")
-        with np.load(data_path, allow_pickle=False) as z:
+        with _open_npz(data_path, "graph data") as z:
             missing = [k for k in ("edge_index", "node_feat") if k not in z.files]
             if "num_nodes" not in z.files and "num_nodes_list" not in z.files:
                 missing.append("num_nodes")
@@ -665,7 +666,7 @@ def load_ogbn_papers100m(dir: str | os.PathLike, name: str = "ogbn-papers100M",
         dst = _as_ids(ei[1], data_path, "edge_index[1]")
         del ei
         lab_path = _need_file(d / "raw" / "node-label.npz", "labels")
-        with np.load(lab_path, allow_pickle=False) as z:
+        with _open_npz(lab_path, "labels") as z:
             if "node_label" not in z.files:
                 raise ValueError(f"{lab_path}: missing array 'node_label' (found: {z.files})")
             lab = np.asarray(z["node_label"], dtype=np.float64).ravel()
@@ -688,7 +689,7 @@ def load_reddit(dir: str | os.PathLike, name: str = "reddit",
             return dataset_dir(name, root)
         t0 = time.perf_counter()
         data_path = _need_file(d / "reddit_data.npz", "reddit data")
-        with np.load(data_path, allow_pickle=False) as z:
+        with _open_npz(data_path, "reddit data") as z:
             missing = [k for k in ("feature", "label", "node_types") if k not in z.files]
             if missing:
                 raise ValueError(f"{data_path}: missing array(s) {missing} (found: {z.files})")

@@ -139,12 +139,16 @@ def read_meta(name: str, root: str | os.PathLike = "data") -> dict[str, Any] | N
     """meta.json of a staged dataset, or None when it is not (completely) staged."""
     path = dataset_dir(name, root) / META_FILE
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except json.JSONDecodeError as exc:
         log.warning("%s is not valid JSON (%s): treating %s as not staged", path, exc, name)
         return None
+    if not isinstance(meta, dict):
+        log.warning("%s is not a JSON object: treating %s as not staged", path, name)
+        return None
+    return meta
 
 
 def is_staged(name: str, root: str | os.PathLike = "data", verify: bool = False) -> bool:
@@ -268,6 +272,9 @@ def stage(name: str, root: str | os.PathLike = "data", seed: int = 0,
     with file_lock(d / ".lock"):
         meta = read_meta(name, root)
         if not force and is_staged(name, root):
+            if "spec" not in meta:  # imported (rudder data import / load-ogb), not generated
+                raise ValueError(f"{name} in {root} holds a graph from {meta.get('source', 'an import')}, "
+                                 "not a generated one: give another name, or --force to replace it")
             if meta.get("spec") == resolved.to_dict():
                 log.info("reusing staged %s (%s)", name, d)
                 return d

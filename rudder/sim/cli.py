@@ -61,7 +61,7 @@ def register(sub) -> None:
                     "its remote accesses as OUT/trace-r<PART>.npz (+ trace.json: spec, graph facts).",
     )
     t.add_argument("--graph", default="synth-medium", help="a rudder.data.synthetic preset")
-    t.add_argument("--parts", type=int, default=2, help="partitions (machines), 2..64")
+    t.add_argument("--parts", type=int, default=2, help="partitions (machines), 1..1024")
     t.add_argument("--part", type=int, default=0, help="the trainer's partition")
     t.add_argument("--method", choices=["metis", "random"], default="metis")
     t.add_argument("--fanouts", default="10,25")

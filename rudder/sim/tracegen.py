@@ -69,6 +69,10 @@ class TraceGenSpec:
         check_order(self.order)
         if self.batch_size <= 0 or self.epochs <= 0 or not self.fanouts:
             raise ValueError("batch_size and epochs must be > 0, fanouts non-empty")
+        if any(f == 0 or f < -1 for f in self.fanouts):  # DGL's sampler would abort the process
+            raise ValueError(f"fanouts: need one entry >= 1 (or -1 = all) per layer, got {list(self.fanouts)}")
+        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
+            raise ValueError(f"max_steps_per_epoch must be >= 1, got {self.max_steps_per_epoch}")
 
 
 def partition_assignment(g, parts: int, method: str = "metis", seed: int = 0) -> np.ndarray:
