@@ -11,18 +11,87 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 
-def _json_arg(value: str | None):
-    """Inline JSON, or a path to a JSON file."""
+def _json_arg(value: str | None, option: str, kind: type = dict):
+    """Inline JSON, or a path to a JSON file; it must hold a `kind` (dict or list)."""
     if value is None:
         return None
     v = value.strip()
-    if v[:1] in "{[":
-        return json.loads(v)
-    return json.loads(Path(v).read_text())
+    inline = v[:1] in "{["
+    if not inline and not Path(v).is_file():
+        what = "a directory, not a JSON file" if Path(v).is_dir() else "neither inline JSON nor a file"
+        raise ValueError(f"{option} {v}: {what}")
+    try:
+        data = json.loads(v if inline else Path(v).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{option} {v[:80]}: not JSON ({exc.msg})") from None
+    if not isinstance(data, kind):
+        raise ValueError(f"{option} {v[:80]}: not a JSON {'object' if kind is dict else 'list'}")
+    return data
+
+
+def _out_path(value: str | None, option: str) -> None:
+    """An output file, checked before the work that fills it (a long eval is not lost to a
+    typo): not a directory, in a directory that exists and takes the file."""
+    if value is None:
+        return
+    p = Path(value)
+    if p.is_dir():
+        raise ValueError(f"{option} {value} is a directory, not a file")
+    if not p.parent.is_dir():
+        raise FileNotFoundError(f"{option} {value}: no directory {p.parent}")
+    if p.exists():  # not opened: an existing file stays as it is until the work succeeds
+        if not os.access(p, os.W_OK):
+            raise ValueError(f"{option} {value}: cannot write there (permission denied)")
+        return
+    try:
+        p.touch()
+        p.unlink()
+    except OSError as exc:
+        raise ValueError(f"{option} {value}: cannot write there ({exc.strerror})") from None
+
+
+def _check_url(url: str | None, model: str, variant: str, timeout_s: float) -> None:
+    """--url: an http(s) address whose server answers now. A run's agent falls back when its
+    server is down (DecisionMaker.warm is never fatal); here a table of fallbacks would read as
+    a result, so a dead server is one error line."""
+    if url is None:
+        return
+    from urllib.parse import urlsplit
+
+    from rudder.agent.decision import BackendError, HttpBackend, warm_prompt
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url {url!r} is not an http(s)://host[:port] address")
+    try:
+        parts.port  # a port that is not a number, or over 65535, raises here
+    except ValueError:
+        raise ValueError(f"--url {url!r}: the port is not a number from 0 to 65535") from None
+    prompt = warm_prompt(variant)  # the warm-up request: the scoring that follows reuses its cache
+    try:
+        HttpBackend(url, model=model).complete(prompt.messages, prompt.schema, 1, max(timeout_s, 60.0))
+    except BackendError as exc:
+        raise ValueError(f"--url {url}: no usable server ({exc})") from None
+
+
+def _positive(kind: type):
+    """argparse type: a number above 0 (no threads, or no time per answer, makes no eval)."""
+    def parse(value: str):
+        try:
+            x = kind(value)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+        if not x > 0:
+            raise argparse.ArgumentTypeError(f"{value}: must be above 0")
+        return x
+
+    return parse
 
 
 def _horizon(value: str) -> int:
@@ -50,6 +119,8 @@ def _eval(args) -> int:
         print(f"{r.model} / {r.variant}: {r.n}/{total} windows, {r.correct} right, "
               f"{r.fallbacks} fell back", file=sys.stderr, flush=True)
 
+    _out_path(args.json, "--json")
+    _check_url(args.url, (args.model or ["smollm2-135m"])[0], (args.variant or ["default"])[0], args.timeout)
     results = evaluate_many(args.windows or DEFAULT_SETS, args.model or ["smollm2-135m"],
                             args.variant or ["default"], url=args.url, threads=args.threads,
                             timeout_s=args.timeout, limit=args.limit, model_path=args.model_path,
@@ -68,6 +139,7 @@ def _eval(args) -> int:
 def _label(args) -> int:
     from rudder.agent.eval import label_windows_from_run, write_jsonl
 
+    _out_path(args.output, "-o")
     recs = label_windows_from_run(args.run_dir, horizon=args.horizon, by=args.by, scenario=args.scenario)
     if args.by == "counterfactual":
         from rudder.agent.eval import label_balance
@@ -121,15 +193,16 @@ def _decide(args) -> int:
     from rudder.agent.decision import DecisionMaker
     from rudder.agent.eval import make_backend
 
-    window = _json_arg(args.window)
+    window = _json_arg(args.window, "--window")
     recent: list = []
     if isinstance(window.get("window"), dict):  # a whole labelled record (eval file line)
         rec = window
         window, recent = rec["window"], rec.get("recent") or []
         args.context = args.context or json.dumps(rec.get("context") or {})
         args.history = args.history or json.dumps(rec.get("history") or [])
-    ctx = _json_arg(args.context) or {}
-    history = _json_arg(args.history) or []
+    ctx = _json_arg(args.context, "--context") or {}
+    history = _json_arg(args.history, "--history", list) or []
+    _check_url(args.url, args.model, args.variant, args.timeout)
     builder = ContextBuilder(ctx, args.variant)
     prompt = builder.build(window, history, recent)
     if args.show_prompt:
@@ -159,8 +232,8 @@ def register(subparsers) -> None:
             q.add_argument("--model", default="smollm2-135m", help="model name (rudder agent models)")
         q.add_argument("--model-path", default=None, help="GGUF file for a user-supplied model")
         q.add_argument("--url", default=None, help="OpenAI-compatible server instead of in-process")
-        q.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
-        q.add_argument("--timeout", type=float, default=60.0, help="seconds per answer")
+        q.add_argument("--threads", type=_positive(int), default=2, help="llama.cpp threads")
+        q.add_argument("--timeout", type=_positive(float), default=60.0, help="seconds per answer")
 
     q = sub.add_parser("models", help="list the model registry")
     q.set_defaults(func=_models)
@@ -171,7 +244,7 @@ def register(subparsers) -> None:
     q.add_argument("--windows", action="append", default=None,
                    help="labelled windows JSONL (repeatable; default: the starter set and the "
                         "windows of replayed runs, rudder/agent/eval_windows*.jsonl)")
-    q.add_argument("--limit", type=int, default=None, metavar="N",
+    q.add_argument("--limit", type=_positive(int), default=None, metavar="N",
                    help="score only the first N windows (of the files in order; default all)")
     q.add_argument("--quiet", action="store_true", help="no per-window progress on stderr")
     q.add_argument("--pause-file", default=None,
@@ -217,7 +290,7 @@ def register(subparsers) -> None:
     q.add_argument("--model-path", default=None)
     q.add_argument("--host", default=None, help="default $RUDDER_MACHINE_ADDR or 127.0.0.1")
     q.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: a free one")
-    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--threads", type=_positive(int), default=1)
     q.set_defaults(func=_serve)
 
     q = sub.add_parser("decide", help="one decision on a window, printed (manual probe)")

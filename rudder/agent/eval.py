@@ -39,10 +39,14 @@ DEFAULT_SETS = [STARTER, FROM_RUNS]  # what `rudder agent eval` reads without --
 
 
 def load_windows(path: str | Path | list = STARTER) -> list[dict]:
-    """Labelled windows of one file, or of several files in order (missing ones skipped when
-    more than one is given)."""
+    """Labelled windows of one file, or of several files in order (a packaged default set not
+    built here is skipped; a file the caller names must exist)."""
     if isinstance(path, (list, tuple)):
-        return [rec for p in path if len(path) == 1 or Path(p).exists() for rec in load_windows(p)]
+        return [rec for p in path if p not in DEFAULT_SETS or Path(p).exists() for rec in load_windows(p)]
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a directory, not a labelled windows file (JSONL)")
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no labelled windows file at {path}")
     out = []
     for i, rec in read_jsonl_strict(path, "a labelled window (JSON)"):
         if not isinstance(rec, dict):
@@ -158,6 +162,9 @@ def evaluate_many(path: str | Path | list, models: Iterable[str], variants: Iter
                   progress: Callable[[EvalResult, int], None] | None = None) -> list[EvalResult]:
     """Every model x variant on the file; each model is loaded once."""
     windows = load_windows(path)[:limit]
+    if not windows:  # an n=0 table would read as a result
+        names = path if isinstance(path, (list, tuple)) else [path]
+        raise ValueError(f"no labelled windows in {', '.join(map(str, names))}")
     results = []
     for model in models:
         backend = make_backend(model, url, threads, model_path)
@@ -305,6 +312,7 @@ def label_windows_from_run(run_dir: str | Path, horizon: int = HORIZON, by: str 
     """
     if by not in LABEL_BY:
         raise ValueError(f"unknown labelling {by!r}; valid: {', '.join(LABEL_BY)}")
+    read_run(run_dir)  # a typo'd or non-run path is an error naming it, not 0 windows
     if by == "counterfactual":
         return _label_counterfactual(Path(run_dir), scenario)
     run_dir = Path(run_dir)
