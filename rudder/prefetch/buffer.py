@@ -30,6 +30,7 @@ section 8).
 """
 from __future__ import annotations
 
+import copy
 import numpy as np
 import torch
 
@@ -125,6 +126,20 @@ class HaloBuffer:
         state = self.__dict__.copy()
         state["_np_views"] = None
         return state
+
+    def __deepcopy__(self, memo: dict) -> "HaloBuffer":
+        """A copy with state of its own (a replay's fork, the judge's branches), which shares
+        the sampled minibatches' ids and positions that its caches hold (the lookahead memo, the
+        next-use window): nothing writes them; a memo finds a minibatch by its tensor's storage,
+        so a copy would never be found again; and each is a slice of the trace, whose deep copy
+        is the whole trace's storage (0.9 s a fork for a 45 MB trace)."""
+        shared = [*self._pos_memo.values(), *(self._next_use.window if self._next_use else ())]
+        for entry in shared:
+            memo.setdefault(id(entry), entry)
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
+        return new
 
     # ---- lookup ---------------------------------------------------------------------------
     def _build_index(self) -> None:

@@ -63,18 +63,10 @@ def measured(window: dict) -> bool:
 
 def index_copy(buf: HaloBuffer) -> HaloBuffer:
     """A copy of the buffer's index and scores without its feature rows (store_features off):
-    the rows (and a device-side gather scratch) become empty tensors instead of being copied.
-    The sampled minibatches' ids and positions its caches hold (the lookahead memo, the next-use
-    window) are shared, not copied: nothing writes them, and a memo finds a minibatch by its
-    tensor's storage, so a copy of them would never be found again (each branch would search
-    every sampled-ahead minibatch anew)."""
+    the rows (and a device-side gather scratch) become empty tensors instead of being copied
+    (the sampled minibatches its caches hold are shared by any copy: HaloBuffer.__deepcopy__)."""
     memo = {id(t): t.new_empty((0, 0)) for t in (buf.feats, getattr(buf, "_scratch", None))
             if isinstance(t, torch.Tensor)}
-    for entry in getattr(buf, "_pos_memo", {}).values():
-        memo[id(entry)] = entry
-    nu = getattr(buf, "_next_use", None)
-    for entry in (nu.window if nu is not None else ()):
-        memo.update((id(x), x) for x in entry if isinstance(x, (torch.Tensor, np.ndarray, tuple)))
     new = copy.deepcopy(buf, memo)
     new.store_features = False
     return new
