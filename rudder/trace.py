@@ -227,9 +227,11 @@ class TraceWriter:
         writer.add(epoch, remote_ids)   # once per minibatch, remote input ids (tensor or array)
         writer.close()
 
-    Ids are kept as int64 chunks in memory (8 bytes per remote access); `flush_every`
-    minibatches the whole trace is rewritten atomically, so a killed run keeps a usable
-    prefix (0 = only on close)."""
+    Ids are kept as int64 chunks in memory (8 bytes per remote access). The whole trace is
+    rewritten atomically after `flush_from` minibatches and again each time their number
+    doubles, so a killed run keeps a usable prefix of at least half its minibatches (0 = only on
+    close), and the rewrites add up to at most twice the trace: a fixed period rewrote it all
+    every period, on the loader thread, work that grew with the square of the run's length."""
 
     def __init__(
         self,
@@ -240,14 +242,14 @@ class TraceWriter:
         feat_bytes: int = 0,
         part_id: int = 0,
         num_parts: int = 1,
-        flush_every: int = 0,
+        flush_from: int = 0,
     ):
         self.path = Path(path)
         self.halo = np.unique(_as_np(halo, np.int64))
         self.init = _as_np(init, np.int64)
         self.scalars = dict(capacity=int(capacity), feat_bytes=int(feat_bytes), part_id=int(part_id),
                             num_parts=int(num_parts))
-        self.flush_every = int(flush_every)
+        self._next_flush = int(flush_from)
         self._chunks: list[np.ndarray] = []
         self._epochs: list[int] = []
         self._input_rows: list[int] = []
@@ -259,7 +261,8 @@ class TraceWriter:
         self._chunks.append(_as_np(remote_ids, np.int64).ravel().copy())
         self._epochs.append(int(epoch))
         self._input_rows.append(-1 if input_rows is None else int(input_rows))
-        if self.flush_every and len(self._chunks) % self.flush_every == 0:
+        if self._next_flush and len(self._chunks) >= self._next_flush:
+            self._next_flush *= 2
             self.flush()
 
     def __len__(self) -> int:

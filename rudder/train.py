@@ -374,7 +374,7 @@ def trace_writer(run_dir: Path, part: Partition, feats, capacity: int):
     init = buf.contents() if buf is not None else torch.empty(0, dtype=torch.int64)
     return TraceWriter(run_dir / f"trace-r{part.rank}.npz", halo=part.halo, init=init, capacity=capacity,
                        feat_bytes=feats.row_bytes, part_id=part.part_id,
-                       num_parts=part.pb.num_partitions(), flush_every=200)
+                       num_parts=part.pb.num_partitions(), flush_from=200)
 
 
 # ---- the loop's helpers ----------------------------------------------------------------------

@@ -3,7 +3,11 @@ its run directories, and `rudder sim`."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,6 +59,31 @@ def test_trace_writer_api(tmp_path):
     assert t.input_rows.tolist() == [-1, -1, -1]
     with pytest.raises(RuntimeError):
         w.add(2, [1])
+
+
+def test_trace_writer_flushes_as_its_length_doubles(tmp_path):
+    """A killed run keeps at least half of its minibatches on disk, and the rewrites stay linear
+    in the trace (a fixed period rewrote the whole trace every period)."""
+    path = tmp_path / "trace-r0.npz"
+    w = TraceWriter(path, halo=torch.arange(10), init=torch.tensor([1]), capacity=1, flush_from=2)
+    on_disk = []
+    for g in range(9):
+        w.add(0, torch.tensor([g]))
+        on_disk.append(Trace.load(path).num_minibatches if path.exists() else 0)
+    assert on_disk == [0, 2, 2, 4, 4, 4, 4, 8, 8]
+    w.close()
+    assert Trace.load(path).ids.tolist() == list(range(9))
+
+
+def test_the_trace_flush_benchmark_counts_the_rewrites_both_ways():
+    """benchmarks/bench_trace_flush.py (BENCHMARKS §15) on a tiny trace: 50 minibatches from 4."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_trace_flush.py"), "--minibatches", "50",
+                          "--ids", "100", "--first", "4"], capture_output=True, text=True, check=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(root)}).stdout
+    fixed, doubling = (next(ln for ln in out.splitlines() if ln.startswith(w)) for w in ("fixed", "doubling"))
+    assert " 13 rewrites" in fixed and "  5 rewrites" in doubling  # 12 periods + close; 4, 8, 16, 32 + close
+    assert "the same file either way: True" in out
 
 
 def test_trace_load_rejects_other_files(tmp_path):
