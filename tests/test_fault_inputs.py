@@ -507,7 +507,8 @@ def _damaged(tmp_path: Path) -> dict[str, Path]:
     (["agent", "judge", "{list}"], "{list}/run.json is not a JSON object"),
     (["agent", "judge", "{torn}"], "{torn}/run.json is not valid JSON (Expecting value, line 1)"),
     (["tracegen", "--graph", "synth-tiny", "--fanouts", "-3", "--out", "{list}"], "fanouts: need one entry >= 1"),
-    (["tracegen", "--graph", "synth-tiny", "--max-steps", "0", "--out", "{list}"], "max_steps_per_epoch must be >= 1"),
+    (["tracegen", "--graph", "synth-tiny", "--max-steps", "0", "--out", "{list}"],
+     "max_steps_per_epoch must be >= 1"),
     (["data", "generate", "synth-tiny", "--root", "{a_file}"], "Not a directory: '{a_file}"),
 ])
 def test_a_damaged_or_foreign_file_is_one_line_naming_it(tmp_path, args, needle):

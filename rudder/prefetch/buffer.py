@@ -31,6 +31,7 @@ section 8).
 from __future__ import annotations
 
 import copy
+
 import numpy as np
 import torch
 
