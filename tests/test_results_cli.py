@@ -96,6 +96,11 @@ def test_query_errors_exit_2(study, capsys):
     assert cli(["query", "--named", "speedup", "--study", "s", "--db", str(db), "--csv"]) == 0
     assert len(pd.read_csv(io.StringIO(capsys.readouterr().out))) == 6
 
+    # a row count under 1 is argparse's usage error naming it (it printed an empty table)
+    with pytest.raises(SystemExit) as exit_:
+        cli(["query", "SELECT 1", "--db", str(db), "--max-rows", "-1"])
+    assert exit_.value.code == 2 and "--max-rows: -1: must be above 0" in capsys.readouterr().err
+
 
 def test_report_of_a_study_not_collected_is_an_error(study, tmp_path, capsys):
     root, db = study

@@ -43,7 +43,7 @@ def register(subparsers) -> None:
     t.set_defaults(func=_train)
 
     e = sub.add_parser("eval", help="accuracy of a saved model on other trajectories")
-    e.add_argument("--model", required=True, help="a name (xgboost, rf, ...) or a .joblib path")
+    e.add_argument("--model", required=True, help="a saved model's name (xgboost, rf, ...: `rudder classifiers list`)")
     e.add_argument("--models-dir", default=None)
     e.add_argument("--runs", nargs="+", required=True, metavar="DIR")
     e.add_argument("--margin", type=float, default=None)

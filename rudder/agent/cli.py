@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from rudder.arg_types import positive
+
 
 def _json_arg(value: str | None, option: str, kind: type = dict):
     """Inline JSON, or a path to a JSON file; it must hold a `kind` (dict or list)."""
@@ -77,21 +79,6 @@ def _check_url(url: str | None, model: str, variant: str, timeout_s: float) -> N
         HttpBackend(url, model=model).complete(prompt.messages, prompt.schema, 1, max(timeout_s, 60.0))
     except BackendError as exc:
         raise ValueError(f"--url {url}: no usable server ({exc})") from None
-
-
-def _positive(kind: type):
-    """argparse type: a number above 0 (no threads, or no time per answer, makes no eval)."""
-    def parse(value: str):
-        try:
-            x = kind(value)
-        except ValueError:
-            what = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
-        if not x > 0:
-            raise argparse.ArgumentTypeError(f"{value}: must be above 0")
-        return x
-
-    return parse
 
 
 def _horizon(value: str) -> int:
@@ -232,8 +219,8 @@ def register(subparsers) -> None:
             q.add_argument("--model", default="smollm2-135m", help="model name (rudder agent models)")
         q.add_argument("--model-path", default=None, help="GGUF file for a user-supplied model")
         q.add_argument("--url", default=None, help="OpenAI-compatible server instead of in-process")
-        q.add_argument("--threads", type=_positive(int), default=2, help="llama.cpp threads")
-        q.add_argument("--timeout", type=_positive(float), default=60.0, help="seconds per answer")
+        q.add_argument("--threads", type=positive(int), default=2, help="llama.cpp threads")
+        q.add_argument("--timeout", type=positive(float), default=60.0, help="seconds per answer")
 
     q = sub.add_parser("models", help="list the model registry")
     q.set_defaults(func=_models)
@@ -244,7 +231,7 @@ def register(subparsers) -> None:
     q.add_argument("--windows", action="append", default=None,
                    help="labelled windows JSONL (repeatable; default: the starter set and the "
                         "windows of replayed runs, rudder/agent/eval_windows*.jsonl)")
-    q.add_argument("--limit", type=_positive(int), default=None, metavar="N",
+    q.add_argument("--limit", type=positive(int), default=None, metavar="N",
                    help="score only the first N windows (of the files in order; default all)")
     q.add_argument("--quiet", action="store_true", help="no per-window progress on stderr")
     q.add_argument("--pause-file", default=None,
@@ -290,7 +277,7 @@ def register(subparsers) -> None:
     q.add_argument("--model-path", default=None)
     q.add_argument("--host", default=None, help="default $RUDDER_MACHINE_ADDR or 127.0.0.1")
     q.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: a free one")
-    q.add_argument("--threads", type=_positive(int), default=1)
+    q.add_argument("--threads", type=positive(int), default=1)
     q.set_defaults(func=_serve)
 
     q = sub.add_parser("decide", help="one decision on a window, printed (manual probe)")

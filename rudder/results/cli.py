@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rudder.arg_types import positive
+
 DEFAULT_DB = "results.duckdb"
 
 
@@ -45,7 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("--sql", dest="show_sql", action="store_true",
                    help="print the named query's SQL instead of running it")
     p.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
-    p.add_argument("--max-rows", type=int, default=200, metavar="N",
+    p.add_argument("--max-rows", type=positive(int), default=200, metavar="N",
                    help="table output: rows shown (default 200; --csv prints all)")
     p.set_defaults(func=cmd_query)
 

@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("source", type=Path, help="a run directory (its trace-r<R>.npz) or one trace file")
     p.add_argument("-p", "--policy", action="append", default=None, metavar="NAME",
                    help="none | static | fixed[:PERIOD[:ALPHA[:EVICT]]] | lookahead[:DEPTH[:BUDGET[:ADMIT]]] | agent | "
-                        "rule | classifier:NAME | collect:N | lru | lfu | s3fifo | sieve | belady; comma lists make a grid "
+                        "rule | classifier:NAME | collect | lru | lfu | s3fifo | sieve | belady; comma lists make a grid "
                         "(fixed:10,25); repeatable (default: " + ", ".join(DEFAULT_POLICIES) + ")")
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity", type=int, default=None, help="buffer rows (default: the trace's)")
