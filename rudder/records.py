@@ -446,13 +446,18 @@ def read_run(run_dir: str | Path, missing_ok: bool = False) -> dict:
             return {}
         what = "no run.json in" if Path(run_dir).is_dir() else "no run directory at"
         raise FileNotFoundError(f"{what} {run_dir}")
+    return read_json_object(path)
+
+
+def read_json_object(path: str | Path) -> dict:
+    """A JSON object from a file; a torn file or another kind of value is an error naming it."""
     try:
-        run = json.loads(path.read_text())
+        data = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(run, dict):
+    if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object")
-    return run
+    return data
 
 
 def update_run_json(run_dir: Path, **fields: Any) -> dict:

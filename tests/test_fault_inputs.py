@@ -495,6 +495,9 @@ def _damaged(tmp_path: Path) -> dict[str, Path]:
     (tmp_path / "torn").mkdir()
     (tmp_path / "torn" / "run.json").write_text('{"run_id": ')
     (tmp_path / "a_file").write_text("x")
+    (tmp_path / "tracegen").mkdir()  # a tracegen folder whose trace.json is torn
+    (tmp_path / "tracegen" / "trace-r0.npz").write_bytes(good.read_bytes())
+    (tmp_path / "tracegen" / "trace.json").write_text('{"graph": ')
     return {p.name: p for p in tmp_path.iterdir()}
 
 
@@ -506,6 +509,7 @@ def _damaged(tmp_path: Path) -> dict[str, Path]:
      "{truncated.npz}: cannot read an edge list as npz"),
     (["agent", "judge", "{list}"], "{list}/run.json is not a JSON object"),
     (["agent", "judge", "{torn}"], "{torn}/run.json is not valid JSON (Expecting value, line 1)"),
+    (["sim", "{tracegen}", "-p", "lru"], "{tracegen}/trace.json is not valid JSON"),
     (["tracegen", "--graph", "synth-tiny", "--fanouts", "-3", "--out", "{list}"], "fanouts: need one entry >= 1"),
     (["tracegen", "--graph", "synth-tiny", "--max-steps", "0", "--out", "{list}"],
      "max_steps_per_epoch must be >= 1"),

@@ -86,6 +86,23 @@ def test_the_trace_flush_benchmark_counts_the_rewrites_both_ways():
     assert "the same file either way: True" in out
 
 
+def test_replays_of_traces_with_the_same_name_are_kept_apart(tmp_path):
+    """`rudder sim a/t.npz` and `rudder sim b/t.npz` both name their run sim-t-lru: the second
+    gets its own id instead of replacing the first; replaying a/t.npz again replaces its own."""
+    from rudder.cli import main
+
+    runs = tmp_path / "runs"
+    for folder, seed in (("a", 0), ("b", 1)):
+        (tmp_path / folder).mkdir()
+        random_trace(minibatches=5, seed=seed).save(tmp_path / folder / "t.npz")
+    for folder in ("a", "b", "a"):
+        assert main(["sim", str(tmp_path / folder / "t.npz"), "-p", "lru", "--runs-dir", str(runs)]) == 0
+    made = {d.name: json.loads((d / "run.json").read_text())["sim"]["source"] for d in runs.iterdir()}
+    assert made.pop("sim-t-lru") == str(tmp_path / "a" / "t.npz")
+    [(other, source)] = made.items()
+    assert other.startswith("sim-t-lru-") and source == str(tmp_path / "b" / "t.npz")
+
+
 def test_trace_load_rejects_other_files(tmp_path):
     np.savez(tmp_path / "x.npz", a=np.zeros(2))
     with pytest.raises(ValueError, match="not a trace"):

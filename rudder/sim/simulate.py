@@ -25,6 +25,7 @@ the results store ingests into the same tables as real runs.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -36,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from rudder.config import sample_ahead, schedules_ahead
-from rudder.records import (EpochTotals, JsonlWriter, MinibatchRecord, StepStats, host_info, read_run,
-                            versions, write_json_atomic)
+from rudder.records import (EpochTotals, JsonlWriter, MinibatchRecord, StepStats, host_info, read_json_object,
+                            read_run, versions, write_json_atomic)
 from rudder.sim.caches import CACHES, make_cache
 from rudder.sim.replay import (COUNT_FIELDS, BeladyReplayer, BufferReplayer, CacheReplayer,  # noqa: F401
                                NoBufferReplayer, PositionBuffer, PositionTrace, position_ids, replay)
@@ -404,7 +405,7 @@ def load_source(path: str | Path) -> tuple[dict[int, Trace], dict]:
         run_dir = path.parent
     else:
         raise FileNotFoundError(f"no trace or run directory at {path}")
-    source: dict[str, Any] = {"path": str(path), "name": (run_dir if path.is_dir() else path).name}
+    source: dict[str, Any] = {"path": str(path.resolve()), "name": (run_dir if path.is_dir() else path).name}
     if (run_dir / "run.json").exists():
         meta = read_run(run_dir)
         source["config"] = meta.get("config") or {}
@@ -413,7 +414,7 @@ def load_source(path: str | Path) -> tuple[dict[int, Trace], dict]:
         source["name"] = source["run_id"] if path.is_dir() else source["name"]
     gen_path = run_dir / "trace.json"  # rudder tracegen's facts
     if gen_path.exists() and "graph" not in source:
-        gen = json.loads(gen_path.read_text())
+        gen = read_json_object(gen_path)
         source["graph"] = gen.get("graph") or {}
         source["tracegen"] = gen.get("spec") or {}
     traces = {}
@@ -421,7 +422,7 @@ def load_source(path: str | Path) -> tuple[dict[int, Trace], dict]:
         traces[rank] = Trace.load(p)
         ctx_path = run_dir / f"context-r{rank}.json"
         if ctx_path.exists():
-            source.setdefault("contexts", {})[rank] = json.loads(ctx_path.read_text())
+            source.setdefault("contexts", {})[rank] = read_json_object(ctx_path)
     return traces, source
 
 
@@ -450,7 +451,10 @@ def write_sim_run(
 
     assert results, "nothing to write"
     spec = parse_policy(results[0].policy, _source_prefetch(source))
-    run_id = run_id or sim_run_id(source, spec.spec, capacity, start)
+    if run_id is None:
+        run_id = sim_run_id(source, spec.spec, capacity, start)
+        if _replayed_elsewhere(Path(runs_dir) / run_id, source):  # another trace of the same name
+            run_id += "-" + hashlib.sha256(str(source.get("path")).encode()).hexdigest()[:6]
     run_dir = Path(runs_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("*-r*.jsonl"):
@@ -496,6 +500,16 @@ def write_sim_run(
     }
     write_json_atomic(run_dir / "run.json", meta)
     return run_dir
+
+
+def _replayed_elsewhere(run_dir: Path, source: dict) -> bool:
+    """Whether run_dir holds the replay of another source (a trace of the same name in another
+    folder, another run's trace-r0.npz), which a rewrite would silently replace."""
+    try:
+        prior = (read_run(run_dir, missing_ok=True).get("sim") or {}).get("source")
+    except ValueError:  # a damaged run.json: nothing there worth keeping apart
+        return False
+    return prior is not None and prior != source.get("path")
 
 
 class _writer:
