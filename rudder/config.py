@@ -415,7 +415,8 @@ def load_run_config(path: str | Path, overrides: dict | None = None) -> RunConfi
     data.pop("execution", None)  # the workflow's section; not part of one run
     data.pop("study", None)
     apply_overrides(data, overrides or {})
-    return parse_config(RunConfig, data, str(path))
+    sets = " ".join(f"{k}={v}" for k, v in (overrides or {}).items())
+    return parse_config(RunConfig, data, f"{path} with --set {sets}" if sets else str(path))
 
 
 def apply_overrides(data: dict, overrides: dict) -> dict:

@@ -65,6 +65,8 @@ def test_lists_accept_commas_and_bad_sets_name_the_key(tmp_path):
         load_run_config(p, parse_overrides(["train.fanouts=[]"]))
     with pytest.raises(ConfigError, match="train.fanouts"):
         load_run_config(p, parse_overrides(["train.fanouts=10,0"]))
+    with pytest.raises(ConfigError, match=r"invalid config .*\.yaml with --set train.epochs=abc: train.epochs: "):
+        load_run_config(p, parse_overrides(["train.epochs=abc"]))  # the value is named, not only the file
     with pytest.raises(ConfigError, match="valid keys here: .*batch_size"):
         load_run_config(p, parse_overrides(["train.epoch=5"]))
     with pytest.raises(ConfigError, match="valid keys here: dataset, train, prefetch"):
