@@ -57,15 +57,12 @@ def _out_path(value: str | None, option: str) -> None:
         raise ValueError(f"{option} {value}: cannot write there ({exc.strerror})") from None
 
 
-def _check_url(url: str | None, model: str, variant: str, timeout_s: float) -> None:
-    """--url: an http(s) address whose server answers now. A run's agent falls back when its
-    server is down (DecisionMaker.warm is never fatal); here a table of fallbacks would read as
-    a result, so a dead server is one error line."""
+def _check_url(url: str | None) -> None:
+    """--url: an http(s) address (whether its server answers, the strict warm-up says:
+    DecisionMaker.warm)."""
     if url is None:
         return
     from urllib.parse import urlsplit
-
-    from rudder.agent.decision import BackendError, HttpBackend, warm_prompt
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -74,11 +71,6 @@ def _check_url(url: str | None, model: str, variant: str, timeout_s: float) -> N
         parts.port  # a port that is not a number, or over 65535, raises here
     except ValueError:
         raise ValueError(f"--url {url!r}: the port is not a number from 0 to 65535") from None
-    prompt = warm_prompt(variant)  # the warm-up request: the scoring that follows reuses its cache
-    try:
-        HttpBackend(url, model=model).complete(prompt.messages, prompt.schema, 1, max(timeout_s, 60.0))
-    except BackendError as exc:
-        raise ValueError(f"--url {url}: no usable server ({exc})") from None
 
 
 def _horizon(value: str) -> int:
@@ -107,7 +99,7 @@ def _eval(args) -> int:
               f"{r.fallbacks} fell back", file=sys.stderr, flush=True)
 
     _out_path(args.json, "--json")
-    _check_url(args.url, (args.model or ["smollm2-135m"])[0], (args.variant or ["default"])[0], args.timeout)
+    _check_url(args.url)
     results = evaluate_many(args.windows or DEFAULT_SETS, args.model or ["smollm2-135m"],
                             args.variant or ["default"], url=args.url, threads=args.threads,
                             timeout_s=args.timeout, limit=args.limit, model_path=args.model_path,
@@ -189,7 +181,7 @@ def _decide(args) -> int:
         args.history = args.history or json.dumps(rec.get("history") or [])
     ctx = _json_arg(args.context, "--context") or {}
     history = _json_arg(args.history, "--history", list) or []
-    _check_url(args.url, args.model, args.variant, args.timeout)
+    _check_url(args.url)
     builder = ContextBuilder(ctx, args.variant)
     prompt = builder.build(window, history, recent)
     if args.show_prompt:
@@ -198,6 +190,8 @@ def _decide(args) -> int:
     maker = DecisionMaker(make_backend(args.model, args.url, args.threads, args.model_path), args.model,
                           timeout_s=args.timeout)
     try:
+        if args.url:  # the server must answer: a fallback would read as its decision
+            maker.warm(prompt, strict=True)
         d = maker.decide(prompt)
     finally:
         maker.close()

@@ -353,13 +353,19 @@ class DecisionMaker:
         return Decision.from_answer(ans, model=self.model, backend=self.backend.name,
                                     prompt_hash=prompt.hash, raw=text[:RAW_MAX], latency_s=latency)
 
-    def warm(self, prompt: Prompt) -> float:
+    def warm(self, prompt: Prompt, strict: bool = False) -> float:
         """Evaluates a prompt once (one token) so its constant prefix sits in the KV cache; the
-        first real decision then pays only for its own last message. Returns seconds spent."""
+        first real decision then pays only for its own last message. Returns seconds spent.
+        In a run warming is an optimisation, never fatal (the agent falls back); strict (a
+        command pointed at a server, whose fallbacks would read as results): a failure is a
+        ValueError naming the server."""
         t0 = time.monotonic()
         try:
             self.backend.complete(prompt.messages, prompt.schema, 1, max(self.timeout_s, 60.0))
-        except Exception as exc:  # warming is an optimisation: never fatal
+        except Exception as exc:
+            if strict:
+                where = getattr(self.backend, "url", self.backend.name)
+                raise ValueError(f"{where}: no usable server ({exc})") from None
             log.info("agent warm-up failed: %s", exc)
         return time.monotonic() - t0
 

@@ -172,7 +172,9 @@ def evaluate_many(path: str | Path | list, models: Iterable[str], variants: Iter
         try:
             for v in variants:
                 wait_while(pause_file)
-                maker.warm(warm_prompt(v))  # the constant prefix, cached as in a run (not timed)
+                # the constant prefix, cached as in a run (not timed); a server named by url
+                # must answer (a table of fallbacks would read as a result)
+                maker.warm(warm_prompt(v), strict=url is not None)
                 t0 = time.monotonic()
                 r = evaluate(maker, windows, v, pause_file=pause_file, progress=progress)
                 log.info("%s / %s: accuracy %.2f on %d windows (%.1f s)", model, v, r.accuracy, r.n,
