@@ -384,15 +384,13 @@ def read_jsonl(path: Path) -> list[dict]:
     for i, line in enumerate(lines):
         try:
             rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise json.JSONDecodeError("not an object", line, 0)
-            out.append(rec)
         except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                logging.getLogger("rudder.records").warning(
-                    "%s: line %d of %d is not a JSON record (torn or corrupt): skipped",
-                    path, i + 1, len(lines))
-            continue
+            rec = None
+        if isinstance(rec, dict):
+            out.append(rec)
+        elif i < len(lines) - 1:
+            logging.getLogger("rudder.records").warning(
+                "%s: line %d of %d is not a JSON record (torn or corrupt): skipped", path, i + 1, len(lines))
     return out
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from rudder.data.synthetic import PRESETS, SyntheticSpec, generate, resolve_spec
+from rudder.records import read_json_object
 
 if TYPE_CHECKING:
     import dgl
@@ -139,16 +140,12 @@ def read_meta(name: str, root: str | os.PathLike = "data") -> dict[str, Any] | N
     """meta.json of a staged dataset, or None when it is not (completely) staged."""
     path = dataset_dir(name, root) / META_FILE
     try:
-        meta = json.loads(path.read_text())
+        return read_json_object(path)
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError as exc:
-        log.warning("%s is not valid JSON (%s): treating %s as not staged", path, exc, name)
+    except ValueError as exc:  # torn, or not an object
+        log.warning("%s: treating %s as not staged", exc, name)
         return None
-    if not isinstance(meta, dict):
-        log.warning("%s is not a JSON object: treating %s as not staged", path, name)
-        return None
-    return meta
 
 
 def is_staged(name: str, root: str | os.PathLike = "data", verify: bool = False) -> bool:
