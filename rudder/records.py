@@ -435,6 +435,19 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def unwritable_folder(path: str | Path) -> str | None:
+    """Why records could not be written under the folder `path` (made if missing), or None:
+    its nearest existing ancestor must be a folder this user may write (a dry run's check)."""
+    probe = Path(path).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable by this user"
+    return None
+
+
 def read_run(run_dir: str | Path, missing_ok: bool = False) -> dict:
     """The run directory's run.json ({} when it is absent and missing_ok; else an error naming
     the path)."""

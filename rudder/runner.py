@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from rudder.cluster.attempts import live_owner, owner_info, reconcile_run, set_aside_attempt  # noqa: F401 (re-exported)
 from rudder.config import ConfigError, RunConfig, check_name, refuse_check_of_free
-from rudder.records import host_info, read_jsonl, read_run, update_run_json, versions
+from rudder.records import host_info, read_jsonl, read_run, unwritable_folder, update_run_json, versions
 
 log = logging.getLogger("rudder.run")
 
@@ -313,6 +313,9 @@ def preflight(cfg: RunConfig, probe: bool = True) -> list[str]:
     """Everything about a run's inputs that can be known before a cluster starts; each problem
     one line naming the value and the fix. `probe`: also try the agent URL from this host."""
     problems: list[str] = []
+    why = unwritable_folder(cfg.runs_dir)
+    if why:
+        problems.append(f"runs_dir: {cfg.runs_dir}: {why}")
     d = cfg.dataset
     try:
         from rudder.data.store import dataset_known

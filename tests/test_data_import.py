@@ -218,6 +218,11 @@ def test_cli_import_errors_name_the_fix(tmp_path, capsys):
     assert main(["data", "import", "--name", "x", "--edges", str(p), "--generate-labels",
                  "--split", "0.8,0.3,0.1", "--root", root]) == 2
     assert "0.8,0.3,0.1" in capsys.readouterr().err
+    for sep in ("", ";;"):  # pandas' own words were "only single character unicode strings..."
+        assert main(["data", "import", "--name", "x", "--edges", str(p), "--generate-labels",
+                     f"--sep={sep}", "--root", root]) == 2
+        assert f"sep {sep!r}: give tab, space" in capsys.readouterr().err
+    assert not store.is_staged("x", root)
 
 
 def test_fanouts_accepted_as_text():

@@ -130,6 +130,16 @@ def test_dry_run_prints_the_resolved_config_and_starts_nothing(tmp_path):
     assert r.returncode == 2 and "--run-id" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_dry_run_names_a_runs_dir_that_cannot_be_written(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    cfgp = _yaml(tmp_path, {"dataset": {"root": str(tmp_path / "data")}})
+    r = cli("run", "--dry-run", "--config", str(cfgp), "--set", f"runs_dir={tmp_path}/afile/runs",
+            cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"runs_dir: {tmp_path}/afile/runs: {tmp_path}/afile is a file, not a folder" in r.stderr
+    assert "Traceback" not in r.stderr and (tmp_path / "afile").read_text() == "x"
+
+
 def test_run_takes_its_config_as_an_argument_too(tmp_path):
     """`rudder run my.yaml` (what a newcomer types first) is `--config my.yaml`; two different
     configs are one clear error."""

@@ -225,6 +225,18 @@ def test_cli_dry_run_and_bad_study(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "run.train.lr_typo" in out.stderr and "Extra inputs" in out.stderr
+    # where the results go is checked too: a db that is a folder, a report dir under a file
+    (tmp_path / "afile").write_text("x")
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("name: x\ndatasets: [synth-tiny]\nmachines: [1]\npolicies: [none]\n")
+    out = subprocess.run([PY, "workflows/scaling_study.py", "--study", str(ok), "--dry-run",
+                          "--runs-dir", str(tmp_path / "runs"), "--db", str(tmp_path),
+                          "--report-dir", str(tmp_path / "afile" / "report")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert f"--db {tmp_path}: a folder, not a database file" in out.stderr
+    assert f"--report-dir {tmp_path}/afile/report: {tmp_path}/afile is a file" in out.stderr
+    assert not (tmp_path / "runs").exists()
     out = subprocess.run([PY, "workflows/scaling_study.py", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--endpoint UUID" in out.stdout and "--dry-run" in out.stdout

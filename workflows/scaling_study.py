@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if remote:  # datasets, models and URLs are the endpoint's: not checkable from here
             print("inputs not checked here: the runs execute on the endpoint", file=sys.stderr)
             return 0
+        from rudder.records import unwritable_folder
         from rudder.runner import preflight
 
         seen: set[str] = set()
@@ -221,7 +222,15 @@ def main(argv: list[str] | None = None) -> int:
             which = f"run {ids[0]}" if len(ids) == 1 else \
                 f"{len(ids)} runs ({', '.join(ids[:2])}{', ...' if len(ids) > 2 else ''})"
             print(f"scaling_study: error: {which}: {line}", file=sys.stderr)
-        return 2 if problems else 0
+        outputs = []  # where the results go must take them, or the study fails at its end
+        why = "a folder, not a database file" if Path(db).is_dir() else unwritable_folder(Path(db).parent)
+        if why:
+            outputs.append(f"--db {db}: {why}")
+        if report_dir and (why := unwritable_folder(report_dir)):
+            outputs.append(f"--report-dir {report_dir}: {why}")
+        for line in outputs:
+            print(f"scaling_study: error: {line}", file=sys.stderr)
+        return 2 if problems or outputs else 0
     if remote:
         from rudder.workflow.globus import GlobusUnavailable, check_login
 

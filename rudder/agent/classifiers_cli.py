@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from rudder.arg_types import at_least
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -30,7 +32,7 @@ def register(subparsers) -> None:
     t.add_argument("--models", default=None,
                    help="comma-separated kinds (default: mlp,xgboost,linear_svm,logreg,"
                         "random_forest)")
-    t.add_argument("--folds", type=int, default=5, help="cross-validation folds")
+    t.add_argument("--folds", type=at_least(int, 2), default=5, help="cross-validation folds (2 or more)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--margin", type=float, default=None,
                    help="relabel: hit-rate margin of the label rule (default: labels as "

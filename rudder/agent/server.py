@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rudder.arg_types import positive
+
 log = logging.getLogger("rudder.agent.server")
 
 N_CTX = 4096
@@ -269,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-alias", default=None)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8431)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--threads-batch", type=int, default=None)
+    ap.add_argument("--threads", type=positive(int), default=1)
+    ap.add_argument("--threads-batch", type=positive(int), default=None)
     ap.add_argument("--n-ctx", type=int, default=N_CTX)
     ap.add_argument("--n-batch", type=int, default=N_BATCH)
     ap.add_argument("--cache-mb", type=int, default=0, help="kept prompt states (MB), 0: none")

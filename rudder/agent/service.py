@@ -40,6 +40,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable
 
+from rudder.arg_types import positive
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8431
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-path", "--path", dest="model_path", default=None, help="GGUF file (user models)")
     ap.add_argument("--host", default=None, help="bind address (default $RUDDER_MACHINE_ADDR or 127.0.0.1)")
     ap.add_argument("--port", type=tcp_port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: a free one")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=positive(int), default=1)
     ap.add_argument("--chat-format", default=None)
     ap.add_argument("--ready-timeout", type=float, default=120.0)
     ap.add_argument("--log", default=None, help="the model server's log file (default: its "

@@ -241,8 +241,10 @@ def _read_text_edges(p: Path, header: bool | None, sep: str | None):
 
     layout = sniff_text(p)
     has_header = layout["header"] if header is None else header
-    sep = layout["sep"] if sep is None else ("\t" if sep in ("tab", "\\t") else
-                                              r"\s+" if sep in ("space", "whitespace") else sep)
+    named = {"tab": "\t", "\\t": "\t", "space": r"\s+", "whitespace": r"\s+"}
+    if sep is not None and sep not in named and len(sep) != 1:
+        raise ValueError(f"sep {sep!r}: give tab, space (any whitespace) or one character such as ,")
+    sep = layout["sep"] if sep is None else named.get(sep, sep)
     try:
         df = pd.read_csv(p, sep=sep, header=0 if has_header else None, skiprows=layout["skip"],
                          comment=None, engine="python" if sep == r"\s+" else "c",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rudder.arg_types import positive
+from rudder.arg_types import at_least, positive
 
 DEFAULT_DB = "results.duckdb"
 
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--study", help="tag runs naming no study with NAME; skip runs of other "
                                    "studies")
     p.add_argument("--force", action="store_true", help="re-ingest unchanged runs too")
-    p.add_argument("--lock-timeout", type=float, default=600.0, metavar="S",
+    p.add_argument("--lock-timeout", type=at_least(float, 0), default=600.0, metavar="S",
                    help="seconds to wait for another collector to finish (default 600)")
     p.set_defaults(func=cmd_collect)
 

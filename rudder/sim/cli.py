@@ -18,6 +18,8 @@ import json
 import logging
 from pathlib import Path
 
+from rudder.arg_types import positive, ranks
+
 log = logging.getLogger(__name__)
 
 DEFAULT_POLICIES = ["none", "static", "fixed", "lookahead", "lru", "lfu", "s3fifo", "sieve", "belady"]
@@ -35,10 +37,10 @@ def register(sub) -> None:
                         "(fixed:10,25); repeatable (default: " + ", ".join(DEFAULT_POLICIES) + ")")
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity", type=int, default=None, help="buffer rows (default: the trace's)")
-    cap.add_argument("--fraction", type=float, default=None, help="buffer rows as a share of the halo")
+    cap.add_argument("--fraction", type=positive(float), default=None, help="buffer rows as a share of the halo")
     p.add_argument("--start", choices=["init", "empty"], default="init",
                    help="start from the trace's initial fill (default) or an empty buffer")
-    p.add_argument("--ranks", default=None, help="comma list of ranks to replay (default: all)")
+    p.add_argument("--ranks", type=ranks, default=None, help="comma list of ranks to replay (default: all)")
     p.add_argument("--config", type=Path, default=None,
                    help="run config YAML whose prefetch/agent sections set the policies' knobs "
                         "(default: the source run's config)")
@@ -49,7 +51,7 @@ def register(sub) -> None:
     p.add_argument("--study", default=None, help="study name recorded in the simulated runs")
     p.add_argument("--no-write", action="store_true", help="print only; write no run directories")
     p.add_argument("--json", action="store_true", help="print the summaries as JSON lines")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive(int), default=1,
                    help="torch threads (default 1, as the trainer's loader: the per-minibatch ops "
                         "are small, and extra threads only spin on a busy machine)")
     p.set_defaults(func=main_sim)
@@ -67,7 +69,7 @@ def register(sub) -> None:
     t.add_argument("--fanouts", default="10,25")
     t.add_argument("--batch-size", type=int, default=1000)
     t.add_argument("--epochs", type=int, default=3)
-    t.add_argument("--fraction", type=float, default=0.25, help="buffer capacity / halo nodes")
+    t.add_argument("--fraction", type=positive(float), default=0.25, help="buffer capacity / halo nodes")
     t.add_argument("--init", choices=["degree", "random", "empty"], default="degree")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--max-steps", type=int, default=None, help="cap on minibatches per epoch")
@@ -112,10 +114,10 @@ def main_sim(args) -> int:
 
     import torch
 
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads)
     traces, source = load_source(args.source)
     if args.ranks:
-        want = {int(x) for x in args.ranks.split(",")}
+        want = set(args.ranks)
         missing = want - set(traces)
         if missing:
             raise ValueError(f"no trace for rank(s) {sorted(missing)}; have {sorted(traces)}")
