@@ -110,6 +110,26 @@ def test_trace_digest_names_the_content(tmp_path):
     assert random_trace(halo=200, minibatches=12, batch=40, capacity=0.2, epochs=2, seed=2).digest() != t.digest()
 
 
+def test_a_folder_takes_ranks_of_one_spec_only(tmp_path):
+    """Rank 1 joins rank 0 of the same spec; a rank of another spec (or an older tracegen's
+    folder) is refused, naming what differs, and the folder is left as it was."""
+    import json
+
+    t = random_trace(halo=100, minibatches=6, batch=20, epochs=1, seed=1)
+    spec = TraceGenSpec(graph="synth-tiny", parts=2, part=0)
+    write_tracegen(tmp_path, t, spec, {})
+    write_tracegen(tmp_path, t, TraceGenSpec(graph="synth-tiny", parts=2, part=1), {})
+    meta = (tmp_path / "trace.json").read_text()
+    with pytest.raises(ValueError, match=r"holds trace-r1.npz of another trace spec \(parts 2 here, 4 now\)"):
+        write_tracegen(tmp_path, t, TraceGenSpec(graph="synth-tiny", parts=4, part=0), {})
+    with pytest.raises(ValueError, match="fanouts"):
+        write_tracegen(tmp_path, t, TraceGenSpec(graph="synth-tiny", parts=2, part=3, fanouts=[5]), {})
+    assert (tmp_path / "trace.json").read_text() == meta and not (tmp_path / "trace-r3.npz").exists()
+    (tmp_path / "trace.json").write_text(json.dumps({**json.loads(meta), "tracegen": 1}))
+    with pytest.raises(ValueError, match="tracegen version 1 here"):
+        write_tracegen(tmp_path, t, spec, {})
+
+
 def test_cached_trace_writes_once_then_reads_back(tmp_path):
     from rudder.sim.tracegen import TraceGenSpec, cached_trace
 

@@ -241,11 +241,31 @@ def write_tracegen(out_dir: str | Path, trace: Trace, spec: TraceGenSpec, facts:
     """out_dir/trace-r<part>.npz and out_dir/trace.json (spec + graph facts + TRACEGEN_VERSION;
     not a run.json, so the results store does not mistake the folder for a run)."""
     out = Path(out_dir)
+    _refuse_other_spec(out, spec)
     out.mkdir(parents=True, exist_ok=True)
     path = trace.save(out / f"trace-r{spec.part}.npz")
     (out / "trace.json").write_text(json.dumps(
         {"spec": asdict(spec), "graph": facts, "tracegen": TRACEGEN_VERSION}, indent=2))
     return path
+
+
+def _refuse_other_spec(out: Path, spec: TraceGenSpec) -> None:
+    """The ranks of one folder are replayed as one run: a rank of another spec (graph, parts,
+    fanouts, ... or tracegen version) must not join the traces there."""
+    others = sorted(p.name for p in out.glob("trace-r*.npz") if p.name != f"trace-r{spec.part}.npz")
+    if not others or not (out / "trace.json").exists():
+        return
+    from rudder.records import read_json_object
+
+    meta = read_json_object(out / "trace.json")
+    old, new = dict(meta.get("spec") or {}), json.loads(json.dumps(asdict(spec)))
+    diff = [f"{k} {old.get(k)!r} here, {new.get(k)!r} now" for k in sorted(set(old) | set(new))
+            if k != "part" and old.get(k) != new.get(k)]
+    if meta.get("tracegen") != TRACEGEN_VERSION:
+        diff.append(f"tracegen version {meta.get('tracegen')!r} here, {TRACEGEN_VERSION!r} now")
+    if diff:
+        raise ValueError(f"{out} holds {', '.join(others)} of another trace spec ({'; '.join(diff)}): "
+                         "give another --out, or remove that folder")
 
 
 def is_current(out_dir: str | Path) -> bool:
