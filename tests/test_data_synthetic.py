@@ -233,3 +233,10 @@ def test_cli_generate_list_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "synth-nope" in err and "synth-small" in err
     assert not os.path.exists(tmp_path / "synth-nope")
+    # a --root that is missing still lists the presets, and says why none is staged; a file is refused
+    assert main(["data", "list", "--root", str(tmp_path / "typo")]) == 0
+    res = capsys.readouterr()
+    assert f"no data folder at {tmp_path / 'typo'}" in res.err and "synth-bench" in res.out
+    (tmp_path / "afile").write_text("x")
+    assert main(["data", "list", "--root", str(tmp_path / "afile")]) == 2
+    assert "is a file, not a data folder" in capsys.readouterr().err

@@ -196,8 +196,16 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from rudder.data.store import list_datasets
 
+    root = Path(args.root)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--root {root} is a file, not a data folder")
+    if not root.exists():  # the presets still list; say why none is staged
+        print(f"no data folder at {root}: nothing is staged there (rudder data generate NAME "
+              f"--root {root} stages one)", file=sys.stderr)
     rows = list_datasets(args.root)
     if args.json:
         json.dump(rows, sys.stdout, indent=2, default=str)
