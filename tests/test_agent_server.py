@@ -17,6 +17,7 @@ from rudder.agent.decision import BackendError, DecisionMaker, HttpBackend
 from rudder.agent.messages import Answer
 from rudder.agent.models import resolve
 from rudder.agent.server import StateCache, schema_of
+from llm_threads import LLM_THREADS  # tests/llm_threads.py
 from rudder.agent.service import AgentService
 
 
@@ -39,7 +40,8 @@ def test_state_cache_keeps_the_longest_prefix_and_evicts_the_oldest():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    svc = AgentService(resolve("smollm2-135m"), host="127.0.0.1", threads=1, ready_timeout_s=180,
+    svc = AgentService(resolve("smollm2-135m"), host="127.0.0.1", threads=1, threads_batch=LLM_THREADS,
+                       ready_timeout_s=180,
                        log_path=log, model_alias="smollm2-135m", cache_mb=256)  # 3 states of ~2.5k tokens (~23 kB each)
     svc.start()
     yield svc

@@ -13,6 +13,7 @@ from rudder.agent.context import ContextBuilder, Prompt
 from rudder.agent.decision import DecisionMaker, HttpBackend
 from rudder.agent.messages import Answer, answer_schema
 from rudder.agent.models import resolve
+from llm_threads import LLM_THREADS  # tests/llm_threads.py
 from rudder.agent.service import AgentService, free_port
 
 SHORT = [{"role": "system", "content": "You decide whether to refresh a cache. Answer in JSON."},
@@ -34,7 +35,8 @@ def _gone(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     log = tmp_path_factory.mktemp("svc") / "server.log"
-    svc = AgentService(resolve("smollm2-135m"), host="127.0.0.1", threads=1, ready_timeout_s=180,
+    svc = AgentService(resolve("smollm2-135m"), host="127.0.0.1", threads=1, threads_batch=LLM_THREADS,
+                       ready_timeout_s=180,
                        log_path=log, model_alias="smollm2-135m")
     svc.start()
     yield svc

@@ -137,7 +137,7 @@ def test_agent_service_on_loopback_and_its_url_handed_to_the_trainers(tmp_path):
     from rudder.runner import agent_service_argv
 
     cfg = RunConfig.model_validate({"prefetch": {"policy": "agent"},
-                                    "agent": {"backend": "http",
+                                    "agent": {"backend": "http", "prompt": "zero-shot",  # (short warm-up)
                                               "model": {"name": "smollm2-135m"}}})
     service = agent_service_argv(cfg)
     assert service[service.index("--host") + 1] == "127.0.0.1"

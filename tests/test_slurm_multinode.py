@@ -145,7 +145,7 @@ def test_mpi_backlog_recursion_and_the_gate(cluster, tmp_path, monkeypatch):
         # -- through the gate: nothing waits in Parsl's backlog, everything completes --------
         gate = NodeGate(capacity=NODES, slots=3, label="nodes")
         futs = [gate.submit(n, [], lambda h=h, n=n: app(h, parsl_resource_specification=spec(n)))
-                for h, n in ((3, 2), (15, 2), (0, 4))]
+                for h, n in ((3, 2), (10, 2), (0, 4))]
         got = [f.result(timeout=240) for f in futs]
         assert [len(g) for g in got] == [2, 2, 4]
         assert not set(got[0]) & set(got[1])  # the two 2-node tasks ran side by side
@@ -158,12 +158,13 @@ def test_mpi_backlog_recursion_and_the_gate(cluster, tmp_path, monkeypatch):
         # task's result, and the 4-node task too when the overflow hits before it is back in
         # the backlog)
         futs = [app(3, parsl_resource_specification=spec(2)),
-                app(15, parsl_resource_specification=spec(2)),
+                app(10, parsl_resource_specification=spec(2)),
                 app(0, parsl_resource_specification=spec(4))]
         deadline = time.monotonic() + 240
         while "RecursionError" not in pool_log() and time.monotonic() < deadline:
             time.sleep(1)
-        deadline = time.monotonic() + 45  # every task ends within ~15 s of the first one
+        # every task would end within ~10 s of the overflow (the 10 s hold), were it not dropped
+        deadline = time.monotonic() + 20
         while not all(f.done() for f in futs) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not all(f.done() for f in futs), \
