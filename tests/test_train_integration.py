@@ -284,9 +284,10 @@ def test_agent_policy_end_to_end(tmp_path, data_root):
     """The LLM agent (real SmolLM2 through llama.cpp, one per trainer in-process) steering the
     lookahead replacement on 2 emulated machines: decisions, staleness and outcomes recorded."""
     # The trainer waits for the model to load and warm before its first minibatch (agent.
-    # ready_timeout_s); then ~1000 small minibatches (~20 s here) outlast a few answers of ~5 s
-    # each on a 2-core host shared by 2 trainers, 2 servers and 2 models.
-    cfg = make_cfg(tmp_path, data_root, 2, "agent", epochs=40, prefetch_fraction=0.25, window=4)
+    # ready_timeout_s); then 625 small minibatches (~25 s here) outlast a few answers of ~9 s
+    # each on a 2-core host shared by 2 trainers, 2 servers and 2 models (the first is applied
+    # near minibatch 240).
+    cfg = make_cfg(tmp_path, data_root, 2, "agent", epochs=25, prefetch_fraction=0.25, window=4)
     cfg.train.batch_size = 200
     cfg.train.eval_every = 0
     cfg.agent.prompt = "zero-shot"  # the shortest prompt: quickest to warm up on 1 thread
