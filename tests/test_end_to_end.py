@@ -166,9 +166,9 @@ def test_agent_over_the_per_machine_http_service(tmp_path):
     """One llama.cpp server per emulated machine (SmolLM2); both trainers ask it over HTTP."""
     run_dir, out = run(tmp_path / "runs", "prefetch.policy=agent", "agent.backend=http",
                        "agent.model.name=smollm2-135m", "agent.prompt=zero-shot", "agent.timeout_s=60",
-                       # ~60 s of training: the start decision's answer took 19.5 s on a loaded
+                       # ~35 s of training: the start decision's answer took 19.5 s on a loaded
                        # host (two model servers on 2 cores), longer than 30 epochs trained
-                       "train.epochs=90", "train.batch_size=200", "train.eval_every=0",
+                       "train.epochs=70", "train.batch_size=200", "train.eval_every=0",
                        "prefetch.window=4", "cluster.start_timeout_s=300")  # 2 servers load on 2 cores
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
     assert any("agent" in n or "service" in n for n in logs), logs  # the services' own logs
