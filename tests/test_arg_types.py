@@ -28,7 +28,7 @@ def test_positive_at_least_and_ranks_parse_and_refuse():
     (["sim", "NOWHERE.npz", "--fraction", "nan"], "--fraction"),
     (["sim", "NOWHERE.npz", "--fraction", "-1"], "--fraction"),
     (["sim", "NOWHERE.npz", "--threads", "0"], "--threads"),
-    (["tracegen", "--fraction", "0"], "--fraction"),
+    (["tracegen", "--fraction", "inf"], "--fraction"),
     (["collect", "NOWHERE", "--lock-timeout", "-5"], "--lock-timeout"),
     (["classifiers", "train", "--runs", "NOWHERE", "--folds", "1"], "--folds"),
 ])

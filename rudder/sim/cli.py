@@ -18,7 +18,7 @@ import json
 import logging
 from pathlib import Path
 
-from rudder.arg_types import positive, ranks
+from rudder.arg_types import at_least, positive, ranks
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def register(sub) -> None:
                         "(fixed:10,25); repeatable (default: " + ", ".join(DEFAULT_POLICIES) + ")")
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity", type=int, default=None, help="buffer rows (default: the trace's)")
-    cap.add_argument("--fraction", type=positive(float), default=None, help="buffer rows as a share of the halo")
+    cap.add_argument("--fraction", type=at_least(float, 0), default=None, help="buffer rows as a share of the halo")
     p.add_argument("--start", choices=["init", "empty"], default="init",
                    help="start from the trace's initial fill (default) or an empty buffer")
     p.add_argument("--ranks", type=ranks, default=None, help="comma list of ranks to replay (default: all)")
@@ -69,7 +69,7 @@ def register(sub) -> None:
     t.add_argument("--fanouts", default="10,25")
     t.add_argument("--batch-size", type=int, default=1000)
     t.add_argument("--epochs", type=int, default=3)
-    t.add_argument("--fraction", type=positive(float), default=0.25, help="buffer capacity / halo nodes")
+    t.add_argument("--fraction", type=at_least(float, 0), default=0.25, help="buffer capacity / halo nodes")
     t.add_argument("--init", choices=["degree", "random", "empty"], default="degree")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--max-steps", type=int, default=None, help="cap on minibatches per epoch")
