@@ -13,7 +13,7 @@ command -v "$PY" >/dev/null || PY=python3
 CUDA=${CUDA:-0}
 STAMP="$VENV/.rudder-setup-$({ cat requirements.txt scripts/setup.sh scripts/graphbolt_shim.sh pyproject.toml; echo "cuda=$CUDA"; } | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ]; then exit 0; fi
-echo "[setup] creating $VENV (first time: ~10 minutes, llama.cpp compiles)" >&2
+echo "[setup] creating $VENV (first time: ~7 minutes on 2 cores, llama.cpp compiles)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 $PIP install -U pip wheel setuptools
