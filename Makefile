@@ -13,10 +13,11 @@ study: setup models
 
 # As root (CI) a failed Slurm install fails `make test`, and tests/conftest.py turns a skipped
 # cluster/netns/Slurm test into a failure; without root those tests skip.
+# --durations: the report names the slowest tests (CI must stay well under 40 minutes).
 test: setup
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/install_slurm.sh; \
 	else bash scripts/install_slurm.sh || echo "slurm-wlm not installed: the Slurm tests will skip (not root)"; fi
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=15
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
