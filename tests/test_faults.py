@@ -26,6 +26,10 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="emulated machines need root (network namespaces)"),
 ]
 
+# The fault tests' cluster.progress_timeout_s: synth-tiny minibatches of 100 seeds, so a live run
+# records several a second.
+PROGRESS_BOUND_S = 12.0
+
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
@@ -70,7 +74,7 @@ def wait_for(cond, timeout_s: float):
 
 @pytest.mark.timeout(400)
 def test_stopped_server_ends_the_run_naming_it(tmp_path, data_root):
-    bound = 12.0  # synth-tiny minibatches of 100 seeds: a live run records several a second
+    bound = PROGRESS_BOUND_S
     cfg = cfg_for(tmp_path, data_root, train={"epochs": 2000},
                   cluster={"progress_timeout_s": bound})
     run_dir = tmp_path / "runs" / "stopped"
@@ -114,7 +118,7 @@ def test_stopped_server_ends_the_run_naming_it(tmp_path, data_root):
 def test_link_down_inside_a_namespace_ends_the_run_naming_it(tmp_path, data_root):
     from rudder.cluster.netns import ClusterNet
 
-    bound = 12.0  # synth-tiny minibatches of 100 seeds: a live run records several a second
+    bound = PROGRESS_BOUND_S
     cfg = cfg_for(tmp_path, data_root, train={"epochs": 2000},
                   cluster={"progress_timeout_s": bound})
     run_dir = tmp_path / "runs" / "linkdown"
